@@ -1,0 +1,427 @@
+"""Configuration: frozen dataclasses, loaded from YAML < env ``MEMPROF_OTEL_*`` < keyword overrides.
+
+Every value passes through a parser named in the field's metadata, so a bad value raises
+``ConfigError`` naming its dotted key (``attribution.overhead_budget``) whatever its origin.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .units import parse_bytes, parse_duration
+
+ENV_PREFIX = "MEMPROF_OTEL_"
+
+
+# ---- value parsers: each takes the raw value and returns the typed one or raises ValueError ----
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true/false, got {v!r}")
+
+
+def _int(lo: int | None = None, hi: int | None = None, optional: bool = False) -> Callable[[Any], Any]:
+    def parse(v: Any) -> int | None:
+        if optional and (v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null"))):
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise ValueError(f"expected an integer, got {v!r}")
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {v!r}") from None
+        if (lo is not None and n < lo) or (hi is not None and n > hi):
+            raise ValueError(f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {n}")
+        return n
+    return parse
+
+
+def _float(lo: float, hi: float) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, got {v!r}")
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {v!r}") from None
+        if not lo <= x <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}], got {x}")
+        return x
+    return parse
+
+
+def _duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
+    def parse(v: Any) -> float:
+        x = parse_duration(v)
+        if not lo <= x <= hi:
+            raise ValueError(f"must be between {lo}s and {hi}s, got {x}s")
+        return x
+    return parse
+
+
+def _size(v: Any) -> int:
+    return parse_bytes(v)
+
+
+def _str(optional: bool = False, choices: tuple[str, ...] | None = None) -> Callable[[Any], Any]:
+    def parse(v: Any) -> str | None:
+        if optional and v is None:
+            return None
+        if not isinstance(v, str):
+            raise ValueError(f"expected a string, got {v!r}")
+        if optional and v == "":
+            return None
+        if choices and v not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {v!r}")
+        return v
+    return parse
+
+
+def _globs(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        v = [p for p in (s.strip() for s in v.split(",")) if p]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) for p in v):
+        raise ValueError(f"expected a list of glob strings, got {v!r}")
+    return tuple(v)
+
+
+def _f(default: Any, parse: Callable[[Any], Any], doc: str) -> Any:
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples for defaults")
+    return field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+# ---- watchdog rules (their evaluation lives in the watchdog module) ----
+
+RULE_OPS = (">", ">=", "<", "<=")
+RULE_ACTIONS = ("log", "span_event", "callback", "dump")
+RULE_SEVERITIES = ("info", "warning", "critical")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+_METRIC_RE = re.compile(r"^memprof_[a-z0-9_]+$")
+
+
+@dataclass(frozen=True)
+class WatchdogRule:
+    name: str
+    metric: str                      # a memprof_* Prometheus metric name
+    op: str                          # one of RULE_OPS
+    threshold: float                 # base units (bytes, seconds, ratio)
+    for_seconds: float = 0.0         # how long the condition must hold before firing
+    severity: str = "warning"
+    actions: tuple[str, ...] = ("log",)
+    labels: tuple[tuple[str, str], ...] = ()  # label matchers, all must equal
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "metric": self.metric, "op": self.op, "threshold": self.threshold,
+                "for": self.for_seconds, "severity": self.severity, "actions": list(self.actions),
+                "labels": dict(self.labels)}
+
+
+def parse_threshold(v: Any) -> float:
+    if isinstance(v, bool):
+        raise ValueError(f"not a threshold: {v!r}")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            pass
+        try:
+            return float(parse_bytes(v))
+        except ValueError:
+            pass
+        try:
+            return parse_duration(v)
+        except ValueError:
+            pass
+    raise ValueError(f"not a threshold (a number, a size like 20GiB or a duration like 500ms): {v!r}")
+
+
+def parse_rule(raw: Any, where: str) -> WatchdogRule:
+    """Validate one rule mapping; ``where`` is its dotted position for error messages."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where, f"a rule must be a mapping, got {type(raw).__name__}")
+    known = {"name", "metric", "op", "threshold", "for", "severity", "actions", "labels"}
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"{where}.{k}", f"unknown rule key (known: {', '.join(sorted(known))})")
+    for k in ("name", "metric", "op", "threshold"):
+        if k not in raw:
+            raise ConfigError(f"{where}.{k}", "missing")
+    name, metric, op = raw["name"], raw["metric"], raw["op"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(f"{where}.name", f"must be an identifier-like string, got {name!r}")
+    if not isinstance(metric, str) or not _METRIC_RE.match(metric):
+        raise ConfigError(f"{where}.metric", f"must be a memprof_* metric name, got {metric!r}")
+    if op not in RULE_OPS:
+        raise ConfigError(f"{where}.op", f"must be one of {' '.join(RULE_OPS)}, got {op!r}")
+    try:
+        threshold = parse_threshold(raw["threshold"])
+    except ValueError as e:
+        raise ConfigError(f"{where}.threshold", str(e)) from None
+    try:
+        for_s = _duration(0.0, 86400.0)(raw.get("for", 0))
+    except ValueError as e:
+        raise ConfigError(f"{where}.for", str(e)) from None
+    severity = raw.get("severity", "warning")
+    if severity not in RULE_SEVERITIES:
+        raise ConfigError(f"{where}.severity", f"must be one of {', '.join(RULE_SEVERITIES)}, got {severity!r}")
+    actions = raw.get("actions", ["log"])
+    if isinstance(actions, str):
+        actions = [actions]
+    if not isinstance(actions, (list, tuple)) or any(a not in RULE_ACTIONS for a in actions):
+        raise ConfigError(f"{where}.actions", f"must be a list drawn from {', '.join(RULE_ACTIONS)}, got {actions!r}")
+    labels = raw.get("labels", {}) or {}
+    if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ConfigError(f"{where}.labels", "must be a mapping of label name to string value")
+    return WatchdogRule(name, metric, op, threshold, for_s, severity, tuple(actions), tuple(sorted(labels.items())))
+
+
+def _rules(v: Any) -> tuple[WatchdogRule, ...]:
+    if isinstance(v, str):  # from an env var: JSON list
+        try:
+            v = json.loads(v)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"expected a JSON list of rules: {e}") from None
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"expected a list of rules, got {type(v).__name__}")
+    rules = tuple(r if isinstance(r, WatchdogRule) else parse_rule(r, f"watchdog.rules[{i}]")
+                  for i, r in enumerate(v))
+    names = [r.name for r in rules]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"rule names must be unique, repeated: {', '.join(sorted(dup))}")
+    return rules
+
+
+# ---- sections ----
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    interval: float = _f(1.0, _duration(0.01, 3600.0), "seconds between samples (10 ms .. 1 h)")
+    buffer_size: int = _f(3600, _int(10, 10_000_000), "samples kept in the ring buffer")
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    enabled: bool = _f(True, _bool, "per-layer attribution on sampled forwards")
+    every_n_forwards: int = _f(1, _int(1), "attribute at most every Nth forward")
+    overhead_budget: float = _f(0.003, _float(0.0, 1.0),
+                                "fraction of forward time attribution may cost (1.0 = no limit)")
+    max_depth: int | None = _f(None, _int(0, optional=True), "deepest module path tracked (root = 0)")
+    include: tuple[str, ...] = _f((), _globs, "glob patterns of module paths to track (empty = all)")
+    exclude: tuple[str, ...] = _f((), _globs, "glob patterns of module paths not to track")
+    window: float = _f(60.0, _duration(1.0, 86400.0), "seconds per peak window for exported peaks")
+    max_layers: int = _f(500, _int(1, 100_000), "distinct layers exported; the rest fold into __other__")
+    max_events: int = _f(100_000, _int(0, 100_000_000), "timeline events kept (oldest dropped, counted)")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    host: str = _f("127.0.0.1", _str(), "bind address")
+    port: int = _f(9464, _int(0, 65535), "port (0 picks a free one)")
+    token: str | None = _f(None, _str(optional=True), "bearer token for all routes but /metrics and /healthz")
+    max_body_bytes: int = _f(1 << 20, _size, "largest request body accepted")
+
+
+@dataclass(frozen=True)
+class PrometheusConfig:
+    enabled: bool = _f(True, _bool, "serve /metrics")
+    max_operations: int = _f(50, _int(1, 10_000), "distinct operation label values; the rest fold")
+
+
+@dataclass(frozen=True)
+class OtelConfig:
+    enabled: bool = _f(True, _bool, "OTel metrics and spans (OTLP only when an endpoint is configured)")
+    endpoint: str | None = _f(None, _str(optional=True), "OTLP endpoint (else OTEL_EXPORTER_OTLP_ENDPOINT)")
+    protocol: str | None = _f(None, _str(optional=True, choices=("http/protobuf", "grpc")),
+                              "OTLP protocol (else OTEL_EXPORTER_OTLP_PROTOCOL, default http/protobuf)")
+    export_interval: float = _f(15.0, _duration(0.05, 3600.0), "metric export interval")
+    export_timeout: float = _f(5.0, _duration(0.05, 600.0), "per-export timeout")
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    rules: tuple[WatchdogRule, ...] = _f((), _rules, "threshold rules")
+    dump_min_interval: float = _f(300.0, _duration(0.0), "least time between two dumps a rule triggers")
+
+
+@dataclass(frozen=True)
+class DumpsConfig:
+    dir: str = _f(os.path.join(tempfile.gettempdir(), "memprof-otel-dumps"), _str(), "where dumps are stored")
+    max_files: int = _f(20, _int(1, 100_000), "dumps kept (oldest removed)")
+    max_bytes: int = _f(512 << 20, _size, "total size of stored dumps (oldest removed)")
+
+
+_SECTIONS: dict[str, type] = {
+    "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
+    "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    service_name: str = _f("memprof-otel", _str(), "OTel service.name")
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    otel: OtelConfig = field(default_factory=OtelConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    dumps: DumpsConfig = field(default_factory=DumpsConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-able form; the token is masked."""
+        out: dict[str, Any] = {"service_name": self.service_name}
+        for name in _SECTIONS:
+            sec = getattr(self, name)
+            d = {}
+            for f in dataclasses.fields(sec):
+                v = getattr(sec, f.name)
+                if f.name == "rules":
+                    v = [r.to_dict() for r in v]
+                elif isinstance(v, tuple):
+                    v = list(v)
+                d[f.name] = v
+            out[name] = d
+        if out["http"]["token"]:
+            out["http"]["token"] = "***"
+        return out
+
+
+def _field_names(section: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(section)}
+
+
+def _flat_key_index() -> dict[str, str]:
+    """Bare key -> section, for keys that exist in exactly one section (kwargs convenience)."""
+    seen: dict[str, list[str]] = {}
+    for sec_name, sec in _SECTIONS.items():
+        for k in _field_names(sec):
+            seen.setdefault(k, []).append(sec_name)
+    return {k: v[0] for k, v in seen.items() if len(v) == 1}
+
+
+def _merge_layer(acc: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str) -> None:
+    """Fold one layer (file, env, kwargs) into ``acc``: section -> key -> (raw value, origin key)."""
+    flat = _flat_key_index()
+    for key, value in layer.items():
+        if key == "service_name":
+            where = f"{ENV_PREFIX}SERVICE_NAME" if origin == "env" else "service_name"
+            acc.setdefault("", {})["service_name"] = (value, where)
+        elif key in _SECTIONS:
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
+            known = _field_names(_SECTIONS[key])
+            for k, v in value.items():
+                if k not in known:
+                    raise ConfigError(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+                where = f"{ENV_PREFIX}{key}_{k}".upper() if origin == "env" else f"{key}.{k}"
+                acc.setdefault(key, {})[k] = (v, where)
+        elif origin == "kwargs" and key in flat:  # keyword override by bare name
+            acc.setdefault(flat[key], {})[key] = (value, f"{flat[key]}.{key}")
+        else:
+            raise ConfigError(key, "unknown config key")
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        if rest == "service_name":
+            layer["service_name"] = value
+            continue
+        section, _, key = rest.partition("_")
+        if section not in _SECTIONS or key not in _field_names(_SECTIONS[section]):
+            raise ConfigError(name, "unknown environment variable (MEMPROF_OTEL_<SECTION>_<KEY>)")
+        layer.setdefault(section, {})[key] = value
+    return layer
+
+
+def _build(acc: dict[str, dict[str, tuple[Any, str]]]) -> Config:
+    sections: dict[str, Any] = {}
+    for sec_name, sec in _SECTIONS.items():
+        kwargs = {}
+        for k, (raw, where) in acc.get(sec_name, {}).items():
+            kwargs[k] = _parse_field(_field_names(sec)[k], raw, where)
+        sections[sec_name] = sec(**kwargs)
+    top = {}
+    if "service_name" in acc.get("", {}):
+        raw, where = acc[""]["service_name"]
+        top["service_name"] = _parse_field(_field_names(Config)["service_name"], raw, where)
+    return Config(**top, **sections)
+
+
+def _parse_field(f: dataclasses.Field, raw: Any, where: str) -> Any:
+    try:
+        return f.metadata["parse"](raw)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise ConfigError(where, str(e)) from None
+
+
+def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(str(p), f"cannot read config file: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(str(p), f"not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(p), "the top level must be a mapping")
+    return dict(data)
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config | None = None,
+                *, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Build a Config: file or mapping < env ``MEMPROF_OTEL_*`` < ``overrides``.
+
+    ``overrides`` take section mappings (``attribution={"every_n_forwards": 1}``) or bare keys that
+    belong to one section (``every_n_forwards=1``).
+    """
+    acc: dict[str, dict[str, tuple[Any, str]]] = {}
+    if isinstance(source, Config):
+        _merge_layer(acc, _config_as_layer(source), "")
+    elif isinstance(source, Mapping):
+        _merge_layer(acc, source, "")
+    elif source is not None:
+        _merge_layer(acc, _read_file(source), "")
+    _merge_layer(acc, _env_layer(os.environ if environ is None else environ), "env")
+    _merge_layer(acc, overrides, "kwargs")
+    return _build(acc)
+
+
+def _config_as_layer(cfg: Config) -> dict[str, Any]:
+    layer: dict[str, Any] = {"service_name": cfg.service_name}
+    for name in _SECTIONS:
+        sec = getattr(cfg, name)
+        layer[name] = {f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)}
+    return layer

@@ -1,0 +1,34 @@
+"""Typed errors. Setup raises these; hooks, the sampler and exporters never do."""
+from __future__ import annotations
+
+
+class MemprofError(Exception):
+    """Base of every error memprof_otel raises on purpose."""
+
+
+class ConfigError(MemprofError, ValueError):
+    """A config key is unknown or its value is invalid. ``key`` names it (dotted)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class InstrumentationError(MemprofError, TypeError):
+    """``instrument()`` was given something it cannot instrument (not a Module)."""
+
+
+class AlreadyInstrumented(MemprofError, RuntimeError):
+    """The module is already instrumented; call ``uninstrument()`` on the first handle."""
+
+
+class SourceUnavailable(MemprofError, RuntimeError):
+    """A memory source cannot run here (no CUDA, no NVML, no glibc, ...)."""
+
+
+class CaptureBusy(MemprofError, RuntimeError):
+    """Another deep capture is running on this model."""
+
+
+class CaptureTimeout(MemprofError, TimeoutError):
+    """No forward came in time to complete a capture."""

@@ -1,0 +1,333 @@
+"""``instrument(model)``: the torch adapter over the pure accounting in ``attribution/``.
+
+Always on: one forward pre-hook and one ``always_call`` forward hook on the root module (a few
+microseconds per forward). On forwards the scheduler picks, the root pre-hook also routes this
+thread's module calls to a ``ForwardState`` through process-wide hooks (``hooks.py``) and, on CPU,
+pushes the tensor ledger; the root post-hook undoes both and folds the calls into the stats.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import hooks
+from ._log import rate_limited
+from .attribution.scheduler import AttributionScheduler
+from .attribution.selection import select_layers
+from .attribution.stats import LayerAccumulator, LayerMemoryStats
+from .config import Config, load_config
+from .errors import AlreadyInstrumented, InstrumentationError
+from .forward_state import ForwardState
+from .sources import registry
+from .sources.ledger import LedgerMode, TensorLedger
+
+_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
+_LIVE: dict[str, "Instrumentation"] = {}
+_live_lock = threading.Lock()
+
+
+def live_instrumentations() -> dict[str, "Instrumentation"]:
+    """Name -> handle of every model instrumented now (what exporters and the endpoint read)."""
+    with _live_lock:
+        return dict(_LIVE)
+
+
+class _ThreadLocal(threading.local):
+    depth = 0
+    start_s = 0.0
+    self_time_s = 0.0
+    state: ForwardState | None = None
+    mode: LedgerMode | None = None
+
+
+class Instrumentation:
+    """The handle ``instrument()`` returns. ``uninstrument()`` is idempotent."""
+
+    def __init__(self, model: nn.Module, name: str, config: Config) -> None:
+        self.name = name
+        self.config = config
+        self._model_ref = weakref.ref(model)
+        self._root_key = id(model)
+        acfg = config.attribution
+        named = select_layers((p for p, _ in model.named_modules()), max_depth=acfg.max_depth,
+                              include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
+        mods = dict(model.named_modules())
+        self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
+        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
+        self._stats = LayerAccumulator()
+        self._events: deque[dict[str, Any]] = deque(maxlen=acfg.max_events)
+        self._events_lock = threading.Lock()
+        self.events_dropped = 0
+        self.hook_errors = 0
+        self.forward_errors = 0
+        self.last_device = "cpu"
+        self._origin_s = time.perf_counter()
+        self._created_unix = time.time()
+        self._tls = _ThreadLocal()
+        self._closed = False
+        self._observers: list[Any] = []  # forward observers (captures, OOM recorder) added later
+        if acfg.enabled:
+            # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
+            # here, at setup, rather than inside the first attributed forward of a live server
+            import torch._dynamo  # noqa: F401
+        self._handles = [
+            model.register_forward_pre_hook(_RootHook(self, pre=True)),
+            model.register_forward_hook(_RootHook(self, pre=False), always_call=True),
+        ]
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module | None:
+        return self._model_ref()
+
+    def uninstrument(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        model = self._model_ref()
+        if model is not None and _INSTRUMENTED.get(model) is self:
+            del _INSTRUMENTED[model]
+        with _live_lock:
+            if _LIVE.get(self.name) is self:
+                del _LIVE[self.name]
+
+    def __enter__(self) -> "Instrumentation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstrument()
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
+        return self.scheduler.state().attribution_seconds
+
+    def layer_stats(self) -> dict[str, LayerMemoryStats]:
+        return self._stats.snapshot()
+
+    def peak_memory_per_layer(self) -> dict[str, int]:
+        return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
+
+    def fragmentation_stats(self) -> dict[str, float]:
+        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()}
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._events_lock:
+            return list(self._events)
+
+    def summary_dict(self) -> dict[str, Any]:
+        from .summary import summary_dict
+
+        return summary_dict(self)
+
+    def summary(self) -> str:
+        from .summary import format_summary
+
+        return format_summary(self)
+
+    def print_summary(self) -> None:
+        print(self.summary())
+
+    def export_timeline(self, path: str) -> None:
+        from .timeline_export import write_timeline
+
+        write_timeline(self, path)
+
+    def reset_stats(self) -> None:
+        self._stats.clear()
+        with self._events_lock:
+            self._events.clear()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _root_pre(self, module: nn.Module, args: Any) -> None:
+        if id(module) != self._root_key or self._closed:
+            return  # a deep copy of the model carries our hook dict; it is not ours to count
+        t = time.perf_counter()
+        tls = self._tls
+        tls.depth += 1
+        if tls.depth != 1:
+            return
+        tls.start_s = t
+        tls.state = None
+        try:
+            if hooks.active_sink() is None and self.scheduler.should_attribute():
+                self._begin(module, t)
+        except Exception as e:
+            self._abort_attribution()
+            self._count_error("begin", e)
+        tls.self_time_s = time.perf_counter() - t
+
+    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) != self._root_key:
+            return
+        t = time.perf_counter()
+        tls = self._tls
+        if tls.depth == 0:  # hooks registered mid-forward: we never saw the pre-hook
+            return
+        tls.depth -= 1
+        if tls.depth != 0:
+            return
+        raised = output is None and sys.exc_info()[0] is not None
+        if raised:
+            self.forward_errors += 1
+        state = tls.state
+        self_time = tls.self_time_s
+        if state is not None:
+            try:
+                self._finish(state, t, raised)
+            except Exception as e:
+                self._count_error("finish", e)
+            finally:
+                self._abort_attribution()
+            self_time += state.self_time_s
+        end = time.perf_counter()
+        self_time += end - t
+        self.scheduler.record(end - tls.start_s, state is not None, self_time)
+        for obs in self._observers:
+            try:
+                obs.forward_done(self, state, raised, sys.exc_info()[1] if raised else None)
+            except Exception as e:
+                self._count_error("observer", e)
+
+    # ---- attribution -----------------------------------------------------------------------
+    def _begin(self, module: nn.Module, t: float) -> None:
+        device = _module_device(module)
+        self.last_device = str(device)
+        baseline = 0
+        mode = None
+        counter: Any
+        if device.type == "cuda":
+            counter = registry.cuda_allocator(device.index or 0)
+            if counter is None:
+                return
+        else:
+            counter = TensorLedger(device.type)
+            mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
+            host = registry.host_allocator()
+            if host is not None:
+                baseline = int(host.reading().allocated)
+        state = ForwardState(self._paths, self._root_key, counter, self._origin_s, baseline,
+                             self._count_error, record_events=self.config.attribution.max_events > 0)
+        for obs in self._observers:
+            obs.forward_begin(self, state)
+        tls = self._tls
+        tls.state = state
+        hooks.activate(state)
+        if mode is not None:
+            mode.__enter__()
+            tls.mode = mode
+        state.begin(t)
+
+    def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
+        self._pop_mode()
+        calls = state.finish(t, raised)
+        self._stats.merge(calls, baseline=state.baseline)
+        if state.events:
+            with self._events_lock:
+                overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
+                if overflow > 0:
+                    self.events_dropped += min(overflow, len(state.events) + len(self._events))
+                self._events.extend(state.events)
+
+    def _pop_mode(self) -> None:
+        mode, self._tls.mode = self._tls.mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def _abort_attribution(self) -> None:
+        """Leave this thread as if no attribution had started (safe to call twice)."""
+        try:
+            self._pop_mode()
+        except Exception as e:
+            self._count_error("mode_exit", e)
+        if hooks.active_sink() is self._tls.state and self._tls.state is not None:
+            hooks.deactivate()
+        self._tls.state = None
+
+    def _count_error(self, where: str, e: BaseException) -> None:
+        self.hook_errors += 1
+        rate_limited.warning(f"hook:{where}", "memprof_otel: %s failed in %s hook: %r (counted; the "
+                             "model is unaffected)", self.name, where, e)
+
+
+class _RootHook:
+    """The root hooks as objects, so copying or pickling a model never copies the handle.
+
+    ``copy.deepcopy(model)`` copies the hook dicts: the copy keeps this same object, whose
+    identity check then ignores the copy's forwards. Pickling (``torch.save(model)``) stores an
+    inert hook instead of the handle and its locks.
+    """
+
+    __slots__ = ("h", "pre")
+
+    def __init__(self, h: Instrumentation, pre: bool) -> None:
+        self.h = h
+        self.pre = pre
+
+    def __call__(self, module: nn.Module, args: Any, output: Any = None) -> None:
+        if self.pre:
+            self.h._root_pre(module, args)
+        else:
+            self.h._root_post(module, args, output)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_InertHook, ())
+
+
+class _InertHook:
+    """What an unpickled copy of an instrumented model carries: a hook that does nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def instrument(model: nn.Module, name: str | None = None, config: Any = None,
+               **overrides: Any) -> Instrumentation:
+    """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
+    if not isinstance(model, nn.Module):
+        raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(config, Config) and not overrides:
+        cfg = config
+    else:
+        cfg = load_config(config, **overrides)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
+    existing = _INSTRUMENTED.get(model)
+    if existing is not None and not existing._closed:
+        raise AlreadyInstrumented(f"this {type(model).__name__} is already instrumented as "
+                                  f"{existing.name!r}; call uninstrument() on that handle first")
+    with _live_lock:
+        if name is None:
+            base = type(model).__name__
+            name = next(n for n in (base if i == 0 else f"{base}-{i + 1}" for i in itertools.count())
+                        if n not in _LIVE)
+        elif name in _LIVE:
+            raise InstrumentationError(f"a model named {name!r} is already instrumented; names are "
+                                       "the 'model' label and must be unique per process")
+        if isinstance(model, nn.TransformerEncoderLayer):
+            rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
+                                 "loses its fused fast path to our root hook; instrument its parent")
+        h = Instrumentation(model, name, cfg)
+        _LIVE[name] = h
+    _INSTRUMENTED[model] = h
+    return h

@@ -1,0 +1,166 @@
+"""CUDA memory source: torch's caching allocator on one device.
+
+Reads the raw nested stats (``torch._C._cuda_memoryStats``) once per call; the public
+``torch.cuda.memory_allocated``/``memory_stats`` flatten and sort the whole dict (~165 us), which a
+per-layer hook cannot afford. The torch calls are injectable so unit tests drive a scripted
+allocator double instead of hardware. torch is imported lazily: importing this module must stay
+cheap and side-effect free.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from memprof_otel.errors import SourceUnavailable
+from memprof_otel.sources import cuda_stats
+from memprof_otel.sources.base import Reading
+
+__all__ = ["CudaAllocatorSource", "ResetPeakFn", "StatsFn", "available_devices"]
+
+StatsFn = Callable[[int], Mapping[str, Any]]
+ResetPeakFn = Callable[[int], None]
+
+
+def _unavailable_reason(device_index: int | None = None) -> str | None:
+    """Why CUDA cannot be read here, or None when it can. Never raises."""
+    try:
+        import torch
+
+        if getattr(torch.version, "cuda", None) is None and getattr(torch.version, "hip", None) is None:
+            return f"torch {torch.__version__} was built without CUDA"
+        if not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False (no driver or no visible device)"
+        count = torch.cuda.device_count()
+        if device_index is not None and not 0 <= device_index < count:
+            return f"device index {device_index} out of range ({count} CUDA device(s) visible)"
+        for name in ("_cuda_memoryStats", "_cuda_resetPeakMemoryStats"):
+            if not hasattr(torch._C, name):
+                return f"this torch build has no torch._C.{name}"
+    # CPU-only and half-broken builds raise all sorts (RuntimeError from torch.accelerator,
+    # AttributeError from torch.cuda internals, driver errors): any of them means "not here".
+    except Exception as exc:  # noqa: BLE001
+        return f"CUDA probe failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def available_devices() -> list[int]:
+    """Indices of the CUDA devices this process can read; [] on CPU-only builds. Never raises."""
+    if _unavailable_reason() is not None:
+        return []
+    try:
+        import torch
+
+        return list(range(torch.cuda.device_count()))
+    except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
+        return []
+
+
+def _default_fns(device_index: int) -> tuple[StatsFn, ResetPeakFn]:
+    reason = _unavailable_reason(device_index)
+    if reason is not None:
+        raise SourceUnavailable(f"cuda:{device_index}: {reason}")
+    import torch
+
+    raw_stats: StatsFn = torch._C._cuda_memoryStats
+    raw_reset: ResetPeakFn = torch._C._cuda_resetPeakMemoryStats
+    is_initialized: Callable[[], bool] = torch.cuda.is_initialized
+
+    # Until CUDA is initialised the allocator has no per-device state and the raw calls raise
+    # ("did you call init?"). Nothing can have been allocated yet, so an empty dict (all zeros)
+    # is the truth. We never initialise CUDA ourselves: that creates a context on the device and
+    # makes a later fork() unusable for the host application.
+    def stats_fn(index: int) -> Mapping[str, Any]:
+        return raw_stats(index) if is_initialized() else {}
+
+    def reset_peak_fn(index: int) -> None:
+        if is_initialized():
+            raw_reset(index)
+
+    return stats_fn, reset_peak_fn
+
+
+class CudaAllocatorSource:
+    """``MemorySource`` over torch's CUDA caching allocator for one device (``name="cuda:N"``).
+
+    Per-layer attribution resets the device peak many times per forward, so the device's own
+    peak only means "peak since the last layer boundary". This source folds the device peak into
+    a process-lifetime maximum before every reset, so ``stats()["allocated_peak_bytes"]`` (and the
+    reserved peak, which torch resets at the same time) never goes down because of our resets.
+    """
+
+    available_devices = staticmethod(available_devices)
+
+    def __init__(self, device_index: int, *, stats_fn: StatsFn | None = None,
+                 reset_peak_fn: ResetPeakFn | None = None) -> None:
+        if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
+            raise ValueError(f"device_index must be an int >= 0, not {device_index!r}")
+        if stats_fn is None or reset_peak_fn is None:
+            default_stats, default_reset = _default_fns(device_index)
+            stats_fn = stats_fn or default_stats
+            reset_peak_fn = reset_peak_fn or default_reset
+        self.name: str = f"cuda:{device_index}"
+        self.device_index: int = device_index
+        self._stats_fn: StatsFn = stats_fn
+        self._reset_peak_fn: ResetPeakFn = reset_peak_fn
+        # Guards the read-fold-reset sequence so a concurrent stats() cannot observe a reset
+        # device peak before it has been folded into the lifetime maxima.
+        self._lock = threading.Lock()
+        self._lifetime_peak: int | float = 0
+        self._lifetime_reserved_peak: int | float = 0
+
+    def __repr__(self) -> str:
+        return f"CudaAllocatorSource({self.device_index})"
+
+    def _read(self) -> Mapping[str, Any]:
+        with self._lock:
+            return self._stats_fn(self.device_index)
+
+    def allocated(self) -> int:
+        return int(cuda_stats.stat(self._read(), "allocated_bytes", "all", "current"))
+
+    def reserved(self) -> int:
+        return int(cuda_stats.stat(self._read(), "reserved_bytes", "all", "current"))
+
+    def peak_since_reset(self) -> int:
+        """The device's allocated peak since our (or anyone's) last reset."""
+        return int(cuda_stats.stat(self._read(), "allocated_bytes", "all", "peak"))
+
+    def reading(self) -> Reading:
+        return cuda_stats.reading(self._read())
+
+    def reset_peak(self) -> None:
+        """Fold the device peaks into the lifetime maxima, then reset them.
+
+        If the stats cannot be read, the reset is skipped (and the error propagates): resetting
+        without folding would silently lose the lifetime peak.
+        """
+        with self._lock:
+            nested = self._stats_fn(self.device_index)
+            self._fold(nested)
+            self._reset_peak_fn(self.device_index)
+
+    def read_and_reset(self) -> Reading:
+        """One stats read for a per-layer hook: the reading, folded, then the peak reset."""
+        with self._lock:
+            nested = self._stats_fn(self.device_index)
+            self._fold(nested)
+            self._reset_peak_fn(self.device_index)
+        return cuda_stats.reading(nested)
+
+    def stats(self) -> dict[str, float]:
+        """``cuda_stats.figures`` with both peaks replaced by their process-lifetime maxima."""
+        with self._lock:
+            nested = self._stats_fn(self.device_index)
+            out = cuda_stats.figures(nested)
+            self._fold(nested)
+            out["allocated_peak_bytes"] = self._lifetime_peak
+            out["reserved_peak_bytes"] = self._lifetime_reserved_peak
+        return out
+
+    def _fold(self, nested: Mapping[str, Any]) -> None:
+        # Caller holds self._lock.
+        peak = cuda_stats.stat(nested, "allocated_bytes", "all", "peak")
+        reserved_peak = cuda_stats.stat(nested, "reserved_bytes", "all", "peak")
+        self._lifetime_peak = max(self._lifetime_peak, peak)
+        self._lifetime_reserved_peak = max(self._lifetime_reserved_peak, reserved_peak)

@@ -1,0 +1,50 @@
+"""``export_timeline(path)``: events, layer stats and the summary as one JSON file."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+from .errors import MemprofError
+
+if TYPE_CHECKING:
+    from .instrument import Instrumentation
+
+
+class ExportError(MemprofError, OSError):
+    """A file could not be written (bad path, disk full); nothing partial is left behind."""
+
+
+def timeline_document(h: "Instrumentation") -> dict[str, Any]:
+    return {
+        "format": "memprof-otel.timeline/1",
+        "model": h.name,
+        "events": h.events(),
+        "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
+        "summary": h.summary_dict(),
+    }
+
+
+def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
+    """Write via a temp file in the same folder, then rename: readers never see half a file."""
+    target = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(target))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, separators=(",", ":"))
+        os.replace(tmp, target)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+
+
+def write_timeline(h: "Instrumentation", path: str | os.PathLike[str]) -> None:
+    write_json_atomic(timeline_document(h), path)

@@ -1,0 +1,97 @@
+import pytest
+
+from memprof_otel import ConfigError, load_config
+from memprof_otel.units import format_bytes, parse_bytes, parse_duration
+
+
+@pytest.mark.parametrize("text,expected", [("20GiB", 20 * 1024**3), ("512MB", 512 * 10**6), ("1e3", 1000),
+                                           (4096, 4096), ("1.5KiB", 1536), ("7", 7)])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["20 GiBs", "", "-1", True, None, [1], "GiB"])
+def test_parse_bytes_rejects(bad):
+    with pytest.raises(ValueError):
+        parse_bytes(bad)
+
+
+@pytest.mark.parametrize("text,expected", [("500ms", 0.5), ("2m", 120.0), (3, 3.0), ("10s", 10.0), ("1h", 3600.0)])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+def test_format_bytes():
+    assert format_bytes(1536) == "1.5 KiB" and format_bytes(-2 * 1024**3) == "-2.0 GiB" and format_bytes(12) == "12 B"
+
+
+def test_precedence_file_env_kwargs(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("sampler:\n  interval: 2s\nattribution:\n  every_n_forwards: 3\n  max_depth: 2\n")
+    env = {"MEMPROF_OTEL_ATTRIBUTION_EVERY_N_FORWARDS": "5", "MEMPROF_OTEL_SERVICE_NAME": "svc"}
+    cfg = load_config(f, environ=env, max_depth=4)
+    assert cfg.sampler.interval == 2.0
+    assert cfg.attribution.every_n_forwards == 5  # env beats file
+    assert cfg.attribution.max_depth == 4         # kwargs beat file
+    assert cfg.service_name == "svc"
+    cfg = load_config(f, environ=env, attribution={"every_n_forwards": 9})
+    assert cfg.attribution.every_n_forwards == 9  # kwargs beat env
+
+
+@pytest.mark.parametrize("layer,key", [
+    ({"attribution": {"every_n_forwards": 0}}, "attribution.every_n_forwards"),
+    ({"attribution": {"overhead_budget": "lots"}}, "attribution.overhead_budget"),
+    ({"attribution": {"nope": 1}}, "attribution.nope"),
+    ({"nope": {}}, "nope"),
+    ({"sampler": {"interval": "1ms"}}, "sampler.interval"),
+    ({"http": {"port": 70000}}, "http.port"),
+    ({"sampler": 5}, "sampler"),
+    ({"watchdog": {"rules": [{"name": "x", "metric": "memprof_a", "op": "=>", "threshold": 1}]}},
+     "watchdog.rules[0].op"),
+    ({"watchdog": {"rules": [{"name": "x", "metric": "memprof_a", "op": ">", "threshold": "lots"}]}},
+     "watchdog.rules[0].threshold"),
+])
+def test_bad_values_name_the_key(layer, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(layer, environ={})
+    assert e.value.key == key
+    assert key in str(e.value)
+
+
+def test_bad_env_names_the_variable():
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={"MEMPROF_OTEL_SAMPLER_INTERVAL": "fast"})
+    assert e.value.key == "MEMPROF_OTEL_SAMPLER_INTERVAL"
+    with pytest.raises(ConfigError) as e:
+        load_config(environ={"MEMPROF_OTEL_SAMPLER_BOGUS": "1"})
+    assert e.value.key == "MEMPROF_OTEL_SAMPLER_BOGUS"
+
+
+def test_unknown_kwarg():
+    with pytest.raises(ConfigError):
+        load_config(environ={}, not_a_key=1)
+
+
+def test_bad_yaml_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("sampler: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_rules_parse_units_and_roundtrip():
+    cfg = load_config({"watchdog": {"rules": [
+        {"name": "gpu_high", "metric": "memprof_gpu_memory_used_bytes", "op": ">", "threshold": "20GiB",
+         "for": "30s", "severity": "critical", "actions": ["log", "dump"]}]}}, environ={})
+    r = cfg.watchdog.rules[0]
+    assert r.threshold == 20 * 1024**3 and r.for_seconds == 30 and r.actions == ("log", "dump")
+    again = load_config(cfg, environ={})
+    assert again == cfg
+    assert cfg.to_dict()["watchdog"]["rules"][0]["for"] == 30
+
+
+def test_token_is_masked_in_dict():
+    cfg = load_config({"http": {"token": "s3cret"}}, environ={})
+    assert cfg.http.token == "s3cret" and cfg.to_dict()["http"]["token"] == "***"
