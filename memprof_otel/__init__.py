@@ -9,7 +9,7 @@ from .attribution.stats import LayerMemoryStats
 from .config import Config, load_config
 from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, InstrumentationError,
                      MemprofError, SourceUnavailable)
-from .instrument import Instrumentation, instrument
+from .instrumentation import Instrumentation, instrument
 from .timeline_export import ExportError
 
 __all__ = sorted([

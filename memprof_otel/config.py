@@ -220,7 +220,7 @@ class SamplerConfig:
 class AttributionConfig:
     enabled: bool = _f(True, _bool, "per-layer attribution on sampled forwards")
     every_n_forwards: int = _f(1, _int(1), "attribute at most every Nth forward")
-    overhead_budget: float = _f(0.003, _float(0.0, 1.0),
+    overhead_budget: float = _f(0.002, _float(0.0, 1.0),
                                 "fraction of forward time attribution may cost (1.0 = no limit)")
     max_depth: int | None = _f(None, _int(0, optional=True), "deepest module path tracked (root = 0)")
     include: tuple[str, ...] = _f((), _globs, "glob patterns of module paths to track (empty = all)")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 from .units import format_bytes
 
 if TYPE_CHECKING:
-    from .instrument import Instrumentation
+    from .instrumentation import Instrumentation
 
 
 def summary_dict(h: "Instrumentation", top: int = 10) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import MemprofError
 
 if TYPE_CHECKING:
-    from .instrument import Instrumentation
+    from .instrumentation import Instrumentation
 
 
 class ExportError(MemprofError, OSError):

@@ -310,3 +310,18 @@ def test_pickled_instrumented_model_loads_with_inert_hooks(tmp_path, x):
         loaded = torch.load(path, weights_only=False)
         assert torch.equal(loaded(x), model(x))
         assert h.layer_stats()[""].calls == 1
+
+
+def test_pause_runs_plain_and_resume_continues(x):
+    model = Tree()
+    with mp.instrument(model, **EVERY) as h:
+        model(x)
+        h.pause()
+        assert h.paused and _no_hooks_left(model)
+        model(x)
+        h.resume()
+        h.resume()
+        model(x)
+        assert h.layer_stats()[""].calls == 2 and h.scheduler.state().forwards == 2
+    h.resume()  # after uninstrument: stays detached
+    assert _no_hooks_left(model)

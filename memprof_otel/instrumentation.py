@@ -78,23 +78,44 @@ class Instrumentation:
             # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
             # here, at setup, rather than inside the first attributed forward of a live server
             import torch._dynamo  # noqa: F401
-        self._handles = [
-            model.register_forward_pre_hook(_RootHook(self, pre=True)),
-            model.register_forward_hook(_RootHook(self, pre=False), always_call=True),
-        ]
+        self._handles: list[Any] = []
+        self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
     @property
     def model(self) -> nn.Module | None:
         return self._model_ref()
 
+    def _attach(self, model: nn.Module) -> None:
+        self._handles = [
+            model.register_forward_pre_hook(_RootHook(self, pre=True)),
+            model.register_forward_hook(_RootHook(self, pre=False), always_call=True),
+        ]
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @property
+    def paused(self) -> bool:
+        return not self._handles
+
+    def pause(self) -> None:
+        """Remove the root hooks (the model runs exactly as plain); stats and config are kept."""
+        self._detach()
+
+    def resume(self) -> None:
+        """Re-attach after ``pause()``; a no-op when running or uninstrumented."""
+        model = self._model_ref()
+        if not self._closed and not self._handles and model is not None:
+            self._attach(model)
+
     def uninstrument(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        self._detach()
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
@@ -216,7 +237,7 @@ class Instrumentation:
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
             host = registry.host_allocator()
             if host is not None:
-                baseline = int(host.reading().allocated)
+                baseline = int(host.refresh()["allocated_bytes"])
         state = ForwardState(self._paths, self._root_key, counter, self._origin_s, baseline,
                              self._count_error, record_events=self.config.attribution.max_events > 0)
         for obs in self._observers:
