@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ._version import __version__
 from .attribution.stats import LayerMemoryStats
+from .capture import Capture
 from .config import Config, load_config
 from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, InstrumentationError,
                      MemprofError, SourceUnavailable)
@@ -13,7 +14,7 @@ from .instrumentation import Instrumentation, instrument
 from .timeline_export import ExportError
 
 __all__ = sorted([
-    "AlreadyInstrumented", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "ExportError",
+    "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "ExportError",
     "Instrumentation", "InstrumentationError", "LayerMemoryStats", "MemprofError", "SourceUnavailable",
     "__version__", "instrument", "load_config",
 ])

@@ -24,7 +24,8 @@ from .attribution.scheduler import AttributionScheduler
 from .attribution.selection import select_layers
 from .attribution.stats import LayerAccumulator, LayerMemoryStats
 from .config import Config, load_config
-from .errors import AlreadyInstrumented, InstrumentationError
+from .capture import Capture
+from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState
 from .sources import registry
 from .sources.ledger import LedgerMode, TensorLedger
@@ -46,6 +47,7 @@ class _ThreadLocal(threading.local):
     self_time_s = 0.0
     state: ForwardState | None = None
     mode: LedgerMode | None = None
+    capture: Capture | None = None
 
 
 class Instrumentation:
@@ -73,7 +75,9 @@ class Instrumentation:
         self._created_unix = time.time()
         self._tls = _ThreadLocal()
         self._closed = False
-        self._observers: list[Any] = []  # forward observers (captures, OOM recorder) added later
+        self._observers: list[Any] = []  # forward observers (OOM recorder, watchdog) added later
+        self._capture: Capture | None = None
+        self.last_capture: Capture | None = None
         if acfg.enabled:
             # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
             # here, at setup, rather than inside the first attributed forward of a live server
@@ -165,6 +169,26 @@ class Instrumentation:
 
         write_timeline(self, path)
 
+    def capture(self, forwards: int = 1) -> Capture:
+        """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
+        if self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
+        cap = Capture(self.name, forwards)
+        with _live_lock:
+            current = self._capture
+            if current is not None and not current.done:
+                raise CaptureBusy(f"a capture of {self.name!r} is running "
+                                  f"({current.completed}/{current.forwards} forwards)")
+            self._capture = cap
+            self.last_capture = cap
+        return cap
+
+    def export_speedscope(self, path: str) -> None:
+        """Write the last capture as a speedscope file."""
+        if self.last_capture is None or self.last_capture.completed == 0:
+            raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
+        self.last_capture.save(path)
+
     def reset_stats(self) -> None:
         self._stats.clear()
         with self._events_lock:
@@ -182,8 +206,12 @@ class Instrumentation:
         tls.start_s = t
         tls.state = None
         try:
-            if hooks.active_sink() is None and self.scheduler.should_attribute():
-                self._begin(module, t)
+            if hooks.active_sink() is None:
+                cap = self._capture
+                if cap is not None and cap.claim():
+                    self._begin(module, t, cap)
+                elif self.scheduler.should_attribute():
+                    self._begin(module, t, None)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -212,7 +240,14 @@ class Instrumentation:
             finally:
                 self._abort_attribution()
             self_time += state.self_time_s
+        cap, tls.capture = tls.capture, None
         end = time.perf_counter()
+        if cap is not None:
+            cap.forward_finished(end)
+            if cap.done:
+                with _live_lock:
+                    if self._capture is cap:
+                        self._capture = None
         self_time += end - t
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
         for obs in self._observers:
@@ -222,7 +257,9 @@ class Instrumentation:
                 self._count_error("observer", e)
 
     # ---- attribution -----------------------------------------------------------------------
-    def _begin(self, module: nn.Module, t: float) -> None:
+    def _begin(self, module: nn.Module, t: float, cap: Capture | None) -> None:
+        if cap is not None:
+            self._tls.capture = cap  # released in _root_post whatever happens next
         device = _module_device(module)
         self.last_device = str(device)
         baseline = 0
@@ -232,6 +269,8 @@ class Instrumentation:
             counter = registry.cuda_allocator(device.index or 0)
             if counter is None:
                 return
+            if cap is not None:  # the per-op view of a capture needs the ledger on CUDA too
+                mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
         else:
             counter = TensorLedger(device.type)
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
@@ -240,6 +279,11 @@ class Instrumentation:
                 baseline = int(host.refresh()["allocated_bytes"])
         state = ForwardState(self._paths, self._root_key, counter, self._origin_s, baseline,
                              self._count_error, record_events=self.config.attribution.max_events > 0)
+        if cap is not None:
+            state.listener = cap
+            if mode is not None:
+                mode.ledger.listener = cap.on_alloc
+            cap.forward_started(t)
         for obs in self._observers:
             obs.forward_begin(self, state)
         tls = self._tls

@@ -1,0 +1,119 @@
+"""Deep capture on real CPU models: every allocation attributed, speedscope output validated."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+import memprof_otel as mp
+
+from .models import F32, Tree, WithRaiser
+
+SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.Draft7Validator:
+    if not SCHEMA.exists():
+        pytest.fail(f"vendored speedscope schema missing at {SCHEMA}")
+    return jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+
+
+def _sampled(doc: dict) -> tuple[list[str], dict[tuple[str, ...], int]]:
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    prof = doc["profiles"][0]
+    return names, {tuple(names[i] for i in s): w for s, w in zip(prof["samples"], prof["weights"])}
+
+
+def test_capture_attributes_every_allocation_to_module_and_op(validator, tmp_path):
+    model = Tree()
+    with mp.instrument(model, name="tree", overhead_budget=0.0) as h:  # no sampled attribution
+        cap = h.capture(forwards=1)
+        assert not cap.done
+        model(torch.randn(4, 8))
+        assert cap.wait(5) and cap.done
+        doc = cap.speedscope()
+        h.export_speedscope(tmp_path / "t.speedscope.json")
+    validator.validate(doc)
+    assert json.loads((tmp_path / "t.speedscope.json").read_text()) == doc
+    _, stacks = _sampled(doc)
+    by_leaf_module = {}
+    for stack, w in stacks.items():
+        by_leaf_module[stack[:-1]] = by_leaf_module.get(stack[:-1], 0) + w
+    assert by_leaf_module[("tree",)] == 3000 * F32  # the root's own transient
+    assert by_leaf_module[("tree", "a")] == 1000 * F32 + 4 * 8 * F32
+    assert by_leaf_module[("tree", "b", "b.1")] == 20000 * F32 + 4 * 8 * F32
+    assert doc["profiles"][0]["unit"] == "bytes"
+    assert doc["profiles"][0]["endValue"] == sum(stacks.values()) == cap.total_bytes()
+    assert all(s[-1].startswith("aten::") for s in stacks)
+    ev = doc["profiles"][1]
+    assert ev["type"] == "evented" and ev["unit"] == "milliseconds"
+    opened = [e for e in ev["events"] if e["type"] == "O"]
+    assert len(opened) == len([e for e in ev["events"] if e["type"] == "C"]) == 5  # root a b b.0 b.1
+    ats = [e["at"] for e in ev["events"]]
+    assert ats == sorted(ats)
+
+
+def test_capture_several_forwards_then_next_forward_is_not_captured():
+    model = Tree()
+    with mp.instrument(model, overhead_budget=0.0) as h:
+        cap = h.capture(forwards=2)
+        model(torch.randn(4, 8))
+        assert not cap.done
+        model(torch.randn(4, 8))
+        assert cap.done and cap.completed == 2
+        total = cap.total_bytes()
+        model(torch.randn(4, 8))
+        assert cap.total_bytes() == total
+        assert h.layer_stats()[""].calls == 2
+
+
+def test_capture_busy_and_bad_arguments():
+    model = Tree()
+    with mp.instrument(model) as h:
+        h.capture(forwards=1)
+        with pytest.raises(mp.CaptureBusy):
+            h.capture(forwards=1)
+        for bad in (0, -1, 1.5, "2", True):
+            with pytest.raises(ValueError):
+                mp.capture.Capture("m", bad)  # type: ignore[arg-type]
+    with pytest.raises(mp.InstrumentationError):
+        h.capture()
+    with pytest.raises(mp.MemprofError):
+        mp.instrument(Tree()).export_speedscope("/tmp/never-written.json")
+
+
+def test_capture_wait_times_out_without_forwards():
+    with mp.instrument(Tree()) as h:
+        cap = h.capture(forwards=1)
+        assert cap.wait(0.05) is False and not cap.done
+
+
+def test_capture_of_a_raising_forward_is_still_valid_speedscope(validator):
+    model = WithRaiser()
+    model.r.fail = True
+    with mp.instrument(model, name="raiser") as h:
+        cap = h.capture(forwards=1)
+        with pytest.raises(ValueError):
+            model(torch.randn(4, 8))
+        assert cap.done
+        doc = cap.speedscope()
+    validator.validate(doc)
+    _, stacks = _sampled(doc)
+    assert stacks[("raiser", "r", "aten::empty.memory_format")] == 7000 * F32
+
+
+def test_capture_waiter_in_another_thread():
+    model = Tree()
+    with mp.instrument(model) as h:
+        cap = h.capture(forwards=1)
+        result = []
+        t = threading.Thread(target=lambda: result.append(cap.wait(10)))
+        t.start()
+        model(torch.randn(4, 8))
+        t.join(10)
+    assert result == [True]
