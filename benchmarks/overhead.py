@@ -31,6 +31,7 @@ import memprof_otel as mp  # noqa: E402
 from ._paired import PairedResult, paired  # noqa: E402
 
 MODES: dict[str, dict[str, Any]] = {
+    "aa-control": {},  # both sides plain (paused): the noise floor of this machine
     "default": {},
     "every-forward": {"every_n_forwards": 1, "overhead_budget": 1.0},
 }
@@ -93,9 +94,11 @@ PLAN = {
 }
 
 
-def run(modes: list[str], quick: bool) -> list[dict[str, Any]]:
+def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1.0) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for model_name, build, workloads in (("gpt2", gpt2, gpt2_workloads), ("minilm", minilm, minilm_workloads)):
+        if only and only not in model_name and not any(only in f"{model_name} {w}" for w in PLAN):
+            continue
         model = build()
         fns = workloads(model)
         for mode in modes:
@@ -105,10 +108,13 @@ def run(modes: list[str], quick: bool) -> list[dict[str, Any]]:
             h = mp.instrument(model, name=f"bench-{model_name}-{mode}", **MODES.get(mode, {}))
             for wl, fn in fns.items():
                 key = f"{model_name} {wl}"
+                if only and only not in key:
+                    continue
                 pairs, block = PLAN[key]
+                pairs = max(4, int(pairs * scale))
                 if quick:
                     pairs = max(4, pairs // 5)
-                inst = _capturing(h, fn) if mode == "deep-capture" else _running(h, fn)
+                inst = {"deep-capture": _capturing, "aa-control": _paused}.get(mode, _running)(h, fn)
                 with torch.inference_mode():
                     r = paired(f"{key} [{mode}]", _paused(h, fn), inst, pairs=pairs, block=block)
                 st = h.scheduler.state()
@@ -150,12 +156,14 @@ def _as_dict(r: PairedResult, mode: str, attributed: int, forwards: int) -> dict
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer pairs (smoke run; noisy)")
-    ap.add_argument("--modes", default="default,every-forward,deep-capture")
+    ap.add_argument("--modes", default="aa-control,default,every-forward,deep-capture")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--only", help="run only workloads whose name contains this (e.g. 'gpt2 decode')")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the number of pairs")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, "
           f"python {sys.version.split()[0]}, memprof_otel {mp.__version__}")
-    results = run(args.modes.split(","), args.quick)
+    results = run(args.modes.split(","), args.quick, args.only, args.scale)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -9,7 +9,7 @@ Limits, written down in docs/design.md: scratch memory a single kernel allocates
 itself (oneDNN/MKL workspaces, fused attention) is invisible; storages resized in place through
 ``out=`` are re-measured only when the output storage is already known; the level counts only
 storages born under the ledger (``baseline`` in the attribution adds the host allocator level).
-Cost: ~10–20 us per op (measured, docs/benchmarks.md), so the ledger runs only on attributed
+Cost: ~5.6 us per simple op (measured, docs/benchmarks.md), so the ledger runs only on attributed
 forwards and deep captures, never always-on.
 """
 from __future__ import annotations
