@@ -4,41 +4,29 @@
 """
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
-
 import torch
 from torch import nn
 
 import memprof_otel as mp
 from memprof_otel.sources.ledger import LedgerMode, TensorLedger
 
-
-def per_call(fn: Callable[[], None], n: int = 2000, repeats: int = 15) -> float:
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        runs.append((time.perf_counter() - t0) / n)
-    return statistics.median(runs)
+from .source_costs import per_call
 
 
 def main() -> None:
     x = torch.ones(4)
     with torch.inference_mode():
         ident = nn.Identity()
-        plain = per_call(lambda: ident(x))
+        plain = per_call(lambda: ident(x), 2000, 15)
         h = mp.instrument(ident, overhead_budget=0.0)  # root hooks only, never attributes
-        rooted = per_call(lambda: ident(x))
+        rooted = per_call(lambda: ident(x), 2000, 15)
         h.uninstrument()
         print(f"root hooks, per forward (never attributed):   {(rooted - plain) * 1e6:7.2f} us")
 
         deep = nn.Sequential(*[nn.Identity() for _ in range(100)])
-        plain = per_call(lambda: deep(x), n=200)
+        plain = per_call(lambda: deep(x), 200, 15)
         h = mp.instrument(deep, every_n_forwards=1, overhead_budget=1.0)
-        attributed = per_call(lambda: deep(x), n=200)
+        attributed = per_call(lambda: deep(x), 200, 15)
         h.uninstrument()
         print(f"attributed forward, per module call:           {(attributed - plain) / 100 * 1e6:7.2f} us")
 
@@ -47,12 +35,12 @@ def main() -> None:
             y = x
             for _ in range(ops):
                 y = y + 1
-        plain = per_call(run_ops, n=20)
+        plain = per_call(run_ops, 20, 15)
         ledger = TensorLedger()
         def under_ledger() -> None:
             with LedgerMode(ledger):
                 run_ops()
-        led = per_call(under_ledger, n=20)
+        led = per_call(under_ledger, 20, 15)
         print(f"tensor ledger, per aten op:                    {(led - plain) / ops * 1e6:7.2f} us")
 
 

@@ -302,7 +302,7 @@ class Instrumentation:
             with self._events_lock:
                 overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
                 if overflow > 0:
-                    self.events_dropped += min(overflow, len(state.events) + len(self._events))
+                    self.events_dropped += overflow
                 self._events.extend(state.events)
 
     def _pop_mode(self) -> None:
