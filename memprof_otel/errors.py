@@ -32,3 +32,15 @@ class CaptureBusy(MemprofError, RuntimeError):
 
 class CaptureTimeout(MemprofError, TimeoutError):
     """No forward came in time to complete a capture."""
+
+
+class DumpNotFound(MemprofError, LookupError):
+    """No stored dump has this id (never saved, or rotated away)."""
+
+
+class InvalidDumpId(MemprofError, ValueError):
+    """A dump id is malformed or would name a file outside the dump directory."""
+
+
+class UnknownModel(MemprofError, LookupError):
+    """No instrumented model has this name."""

@@ -23,6 +23,7 @@ from ._log import rate_limited
 from .attribution.scheduler import AttributionScheduler
 from .attribution.selection import select_layers
 from .attribution.stats import LayerAccumulator, LayerMemoryStats
+from .attribution.windows import WindowFigures, WindowedPeaks
 from .config import Config, load_config
 from .capture import Capture
 from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
@@ -65,6 +66,7 @@ class Instrumentation:
         self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
+        self._windows = WindowedPeaks(acfg.window, time.perf_counter())
         self._events: deque[dict[str, Any]] = deque(maxlen=acfg.max_events)
         self._events_lock = threading.Lock()
         self.events_dropped = 0
@@ -75,7 +77,8 @@ class Instrumentation:
         self._created_unix = time.time()
         self._tls = _ThreadLocal()
         self._closed = False
-        self._observers: list[Any] = []  # forward observers (OOM recorder, watchdog) added later
+        self._observers: list[Any] = []  # forward observers (the OOM flight recorder)
+        self._call_listeners: list[Any] = []  # fn(handle, calls) after each attributed forward
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
         if acfg.enabled:
@@ -144,6 +147,10 @@ class Instrumentation:
     def peak_memory_per_layer(self) -> dict[str, int]:
         return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
 
+    def exported_layer_peaks(self, now: float | None = None) -> dict[str, WindowFigures]:
+        """Per-layer figures over the last completed ``attribution.window`` (what exporters publish)."""
+        return self._windows.exported(time.perf_counter() if now is None else now)
+
     def fragmentation_stats(self) -> dict[str, float]:
         return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()}
 
@@ -191,6 +198,7 @@ class Instrumentation:
 
     def reset_stats(self) -> None:
         self._stats.clear()
+        self._windows.clear()
         with self._events_lock:
             self._events.clear()
 
@@ -298,6 +306,9 @@ class Instrumentation:
         self._pop_mode()
         calls = state.finish(t, raised)
         self._stats.merge(calls, baseline=state.baseline)
+        self._windows.merge(calls, state.baseline, t)
+        for fn in self._call_listeners:
+            fn(self, calls)
         if state.events:
             with self._events_lock:
                 overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
@@ -395,4 +406,20 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
         h = Instrumentation(model, name, cfg)
         _LIVE[name] = h
     _INSTRUMENTED[model] = h
+    _connect(h)
     return h
+
+
+def _connect(h: Instrumentation) -> None:
+    """Start the process runtime (sampler, exporters) and hand it this model's events."""
+    from .oom_recorder import recorder
+    from .runtime import runtime
+
+    rt = runtime().ensure_started(h.config)
+    h._observers.append(recorder)
+
+    def layer_calls(handle: Instrumentation, calls: Any) -> None:
+        otel = rt.otel
+        if otel is not None:
+            otel.record_layer_calls(handle.name, handle.last_device, calls)
+    h._call_listeners.append(layer_calls)

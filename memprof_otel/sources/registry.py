@@ -5,17 +5,25 @@ A source that cannot run here is remembered as down with its reason; callers get
 """
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from .._log import logger
 from ..errors import SourceUnavailable
+
+if TYPE_CHECKING:
+    from .nvml import NvmlSource
 
 _lock = threading.Lock()
 _sources: dict[str, Any] = {}
 _down: dict[str, str] = {}
 
 
-def _get(name: str, make: Any) -> Any | None:
+def _get(name: str, make: Any,
+         on_down: Callable[[str, Exception], None] | None = None) -> Any | None:
+    """``on_down(reason, exc)`` runs once, when the source is first found down (under the lock)."""
     with _lock:
         if name in _sources:
             return _sources[name]
@@ -23,11 +31,11 @@ def _get(name: str, make: Any) -> Any | None:
             return None
         try:
             src = make()
-        except SourceUnavailable as e:
-            _down[name] = str(e)
-            return None
         except Exception as e:  # a broken backend is a down source, not a crash
-            _down[name] = f"{type(e).__name__}: {e}"
+            reason = str(e) if isinstance(e, SourceUnavailable) else f"{type(e).__name__}: {e}"
+            _down[name] = reason
+            if on_down is not None:
+                on_down(reason, e)
             return None
         _sources[name] = src
         return src
@@ -49,6 +57,19 @@ def process() -> Any | None:
     from .process import ProcessSource
 
     return _get("process", ProcessSource)
+
+
+def nvml() -> NvmlSource | None:
+    from .nvml import NvmlSource
+
+    return _get("nvml", NvmlSource, on_down=_log_nvml_down)
+
+
+def _log_nvml_down(reason: str, exc: Exception) -> None:
+    # No NVML on a CPU host is normal (INFO); NVML present but failing is worth a WARNING.
+    level = logging.INFO if getattr(exc, "no_gpu", False) else logging.WARNING
+    logger.log(level, "memprof_otel: NVML unavailable (%s); GPU device metrics off",
+               getattr(exc, "detail", reason))
 
 
 def down_reasons() -> dict[str, str]:

@@ -1,0 +1,186 @@
+"""Transports for the endpoint: a small threaded server (``serve``) and WSGI / ASGI adapters.
+
+Bodies larger than the cap are refused from ``Content-Length`` before a byte is read; a body
+without a length is read up to the cap plus one byte. The server binds 127.0.0.1 by default.
+"""
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from .http_app import Endpoint, Request, Response, error_response
+
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
+            500: "Internal Server Error", 503: "Service Unavailable", 504: "Gateway Timeout",
+            507: "Insufficient Storage"}
+
+
+def _status_line(code: int) -> str:
+    return f"{code} {_REASONS.get(code, 'Status')}"
+
+
+def _too_large(limit: int) -> Response:
+    return error_response(413, "body_too_large", f"request body over {limit} bytes")
+
+
+def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> bytes | None:
+    """The body, or None when it is over ``limit`` (never reads more than limit + 1 bytes)."""
+    if length:
+        try:
+            n = int(length)
+        except ValueError:
+            n = -1
+        if n < 0 or n > limit:
+            return None
+        return read(n) if n else b""
+    return b""
+
+
+def wsgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
+    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
+    endpoint = Endpoint(token=token, bind_host=bind_host)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
+        if body is None:
+            resp = _too_large(endpoint.max_body_bytes)
+        else:
+            headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+            if environ.get("CONTENT_TYPE"):
+                headers["content-type"] = environ["CONTENT_TYPE"]
+            resp = endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"),
+                                           environ.get("QUERY_STRING", ""), headers, body,
+                                           environ.get("REMOTE_ADDR", "")))
+        start_response(_status_line(resp.status), [("Content-Type", resp.content_type),
+                                                   ("Content-Length", str(len(resp.body))),
+                                                   *resp.headers.items()])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else resp.body]
+
+    app.endpoint = endpoint  # type: ignore[attr-defined]
+    return app
+
+
+def asgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Any]:
+    """The endpoint as an ASGI application (mount it in FastAPI/Starlette: ``app.mount("/memprof", ...)``).
+    Handlers run in a worker thread: a dump waiting for forwards never blocks the event loop."""
+    endpoint = Endpoint(token=token, bind_host=bind_host)
+
+    async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        limit = endpoint.max_body_bytes
+        resp: Response | None = None
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            resp = _too_large(limit)
+        body = bytearray()
+        if resp is None:
+            more = True
+            while more:
+                msg = await receive()
+                body += msg.get("body", b"")
+                more = msg.get("more_body", False)
+                if len(body) > limit:
+                    resp = _too_large(limit)
+                    break
+        if resp is None:
+            client = (scope.get("client") or ("", 0))[0]
+            path = scope.get("path", "/")
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):  # mounted under a prefix
+                path = path[len(root):] or "/"
+            req = Request(scope.get("method", "GET"), path, scope.get("query_string", b"").decode("latin-1"),
+                          headers, bytes(body), client)
+            resp = await asyncio.to_thread(endpoint.handle, req)
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": [(b"content-type", resp.content_type.encode()),
+                                (b"content-length", str(len(resp.body)).encode()),
+                                *((k.lower().encode(), v.encode()) for k, v in resp.headers.items())]})
+        await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else resp.body})
+
+    app.endpoint = endpoint  # type: ignore[attr-defined]
+    return app
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _V6Server(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # access logs are the application's business, not ours
+
+
+class Server:
+    """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager)."""
+
+    def __init__(self, host: str, port: int, token: str | None) -> None:
+        from .runtime import runtime
+
+        rt = runtime()
+        rt.ensure_started()
+        self.host = host
+        app = wsgi_app(token, bind_host=host)
+        server_cls = _V6Server if ":" in host else _ThreadingWSGIServer
+        self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
+        self.port = self._httpd.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.port}"
+        app.endpoint.base_url = ""  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"memprof-http-{self.port}", daemon=True)
+        self._thread.start()
+        self._closed = False
+        rt.servers.append(self)
+
+    def close(self, timeout: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout)
+        from .runtime import runtime
+
+        try:
+            runtime().servers.remove(self)
+        except ValueError:
+            pass
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<memprof_otel.Server {self.url}>"
+
+
+def serve(host: str | None = None, port: int | None = None, token: str | None = None) -> Server:
+    """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
+    from .runtime import runtime
+
+    cfg = runtime().ensure_started().config
+    assert cfg is not None
+    return Server(cfg.http.host if host is None else host, cfg.http.port if port is None else port,
+                  cfg.http.token if token is None else token)

@@ -1,0 +1,140 @@
+"""Every exported metric, defined once: Prometheus name, OTel instrument name and unit, help.
+
+Both exporters read this table, so a rename cannot drift between them, and a unit test applies the
+standard OTel-to-Prometheus translation to every OTel name here and expects the Prometheus name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# power-of-4 buckets, 1 MiB .. 64 GiB (SPEC), for operation memory peaks
+MEMORY_PEAK_BUCKETS: tuple[float, ...] = tuple(float(1 << (20 + 2 * i)) for i in range(9))
+DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                                       30.0, 60.0, 300.0, 1800.0)
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    prom: str                 # the Prometheus family name as scraped (counters end in _total)
+    otel: str                 # the OTel instrument name
+    unit: str                 # UCUM unit of the OTel instrument ("By", "s", "1", "{retry}", "")
+    kind: str                 # gauge | counter | histogram | summary | info
+    help: str
+    labels: tuple[str, ...] = ()
+
+    @property
+    def family(self) -> str:
+        """prometheus_client's family name: counters without ``_total``, info without ``_info``."""
+        if self.kind == "counter":
+            return self.prom[: -len("_total")]
+        if self.kind == "info":
+            return self.prom[: -len("_info")]
+        return self.prom
+
+
+_L = ("model", "layer", "device")
+_D = ("device",)
+_G = ("gpu", "gpu_uuid")
+_R = ("rule", "severity")
+
+METRICS: tuple[MetricDef, ...] = (
+    # per layer
+    MetricDef("memprof_layer_peak_increase_bytes", "memprof.layer.peak_increase", "By", "gauge",
+              "Peak allocated above the level at layer entry (the layer's own transient need), "
+              "max over the last completed window", _L),
+    MetricDef("memprof_layer_peak_allocated_bytes", "memprof.layer.peak_allocated", "By", "gauge",
+              "Absolute allocated level at the layer's peak, max over the last completed window", _L),
+    MetricDef("memprof_layer_retained_bytes", "memprof.layer.retained", "By", "gauge",
+              "Allocated at layer exit minus at entry, max over the last completed window", _L),
+    MetricDef("memprof_layer_fragmentation_ratio", "memprof.layer.fragmentation", "1", "gauge",
+              "Allocator fragmentation (inactive split / reserved) during the layer's calls", _L),
+    MetricDef("memprof_layer_forward_seconds", "memprof.layer.forward", "s", "summary",
+              "Time in the layer's attributed forward calls", _L),
+    # allocator
+    MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
+              "Bytes allocated through the allocator", _D),
+    MetricDef("memprof_allocator_reserved_bytes", "memprof.allocator.reserved", "By", "gauge",
+              "Bytes the allocator holds from the device or OS", _D),
+    MetricDef("memprof_allocator_active_bytes", "memprof.allocator.active", "By", "gauge",
+              "Bytes in active blocks (allocated plus rounding)", _D),
+    MetricDef("memprof_allocator_inactive_split_bytes", "memprof.allocator.inactive_split", "By", "gauge",
+              "Free bytes inside split blocks: unusable gaps", _D),
+    MetricDef("memprof_allocator_allocated_peak_bytes", "memprof.allocator.allocated_peak", "By", "gauge",
+              "Peak allocated bytes since start", _D),
+    MetricDef("memprof_allocator_reserved_peak_bytes", "memprof.allocator.reserved_peak", "By", "gauge",
+              "Peak reserved bytes since start", _D),
+    MetricDef("memprof_allocator_fragmentation_ratio", "memprof.allocator.fragmentation", "1", "gauge",
+              "Inactive split bytes / reserved bytes (unusable gaps)", _D),
+    MetricDef("memprof_allocator_cache_free_ratio", "memprof.allocator.cache_free", "1", "gauge",
+              "(reserved - allocated) / reserved: cached but unused", _D),
+    MetricDef("memprof_allocator_alloc_retries_total", "memprof.allocator.alloc_retries", "{retry}", "counter",
+              "Allocations that failed and were retried after freeing the cache", _D),
+    MetricDef("memprof_allocator_ooms_total", "memprof.allocator.ooms", "{oom}", "counter",
+              "Out-of-memory errors raised by the allocator", _D),
+    # GPU via NVML
+    MetricDef("memprof_gpu_memory_used_bytes", "memprof.gpu.memory.used", "By", "gauge",
+              "Device memory in use (all processes), from NVML", _G),
+    MetricDef("memprof_gpu_memory_total_bytes", "memprof.gpu.memory.total", "By", "gauge",
+              "Device memory total, from NVML", _G),
+    MetricDef("memprof_gpu_process_memory_used_bytes", "memprof.gpu.process.memory.used", "By", "gauge",
+              "Device memory used by this process, from NVML", _G),
+    MetricDef("memprof_gpu_info", "memprof.gpu_info", "", "info",
+              "GPU identity", ("gpu", "gpu_uuid", "gpu_model", "driver_version")),
+    # process
+    MetricDef("memprof_process_resident_memory_bytes", "memprof.process.resident_memory", "By", "gauge",
+              "Resident set size"),
+    MetricDef("memprof_process_virtual_memory_bytes", "memprof.process.virtual_memory", "By", "gauge",
+              "Virtual memory size"),
+    MetricDef("memprof_process_peak_resident_memory_bytes", "memprof.process.peak_resident_memory", "By",
+              "gauge", "Peak resident set size (VmHWM)"),
+    MetricDef("memprof_process_memory_limit_bytes", "memprof.process.memory_limit", "By", "gauge",
+              "Memory limit of the process's cgroup, when set"),
+    MetricDef("memprof_process_children_resident_memory_bytes", "memprof.process.children.resident_memory",
+              "By", "gauge", "Resident set size of all descendant processes"),
+    MetricDef("memprof_process_cpu_utilization_ratio", "memprof.process.cpu_utilization", "1", "gauge",
+              "CPU time / wall time / available CPUs over the last sampler interval"),
+    MetricDef("memprof_process_io_read_bytes_total", "memprof.process.io.read", "By", "counter",
+              "Bytes read from storage by the process and its children"),
+    MetricDef("memprof_process_io_write_bytes_total", "memprof.process.io.write", "By", "counter",
+              "Bytes written to storage by the process and its children"),
+    # operations
+    MetricDef("memprof_operation_duration_seconds", "memprof.operation.duration", "s", "histogram",
+              "Duration of operations", ("operation",)),
+    MetricDef("memprof_operation_memory_peak_bytes", "memprof.operation.memory_peak", "By", "histogram",
+              "Memory peak during operations (RSS or allocator, whichever is larger)", ("operation",)),
+    MetricDef("memprof_operation_memory_delta_bytes", "memprof.operation.memory_delta", "By", "gauge",
+              "RSS at the end minus at the start of the last operation of that name", ("operation",)),
+    # watchdog
+    MetricDef("memprof_alert_active", "memprof.alert_active", "", "gauge",
+              "1 while the watchdog rule is firing", _R),
+    MetricDef("memprof_watchdog_alerts_total", "memprof.watchdog.alerts", "{alert}", "counter",
+              "Times the watchdog rule started firing", _R),
+    MetricDef("memprof_watchdog_threshold", "memprof.watchdog.threshold", "", "gauge",
+              "The watchdog rule's threshold, in the metric's unit", _R),
+    # self
+    MetricDef("memprof_overhead_seconds_total", "memprof.overhead", "s", "counter",
+              "Time memprof_otel added to forwards (hooks plus measured slowdown of attributed forwards)",
+              ("model",)),
+    MetricDef("memprof_source_up", "memprof.source_up", "", "gauge",
+              "1 when the memory source answered the last sample", ("source",)),
+    MetricDef("memprof_sampler_duration_seconds", "memprof.sampler.duration", "s", "gauge",
+              "Time the last sampler tick took"),
+    MetricDef("memprof_sampler_last_success_timestamp_seconds", "memprof.sampler.last_success_timestamp", "s",
+              "gauge", "Unix time of the last tick that read the process source"),
+    MetricDef("memprof_sampler_errors_total", "memprof.sampler.errors", "{error}", "counter",
+              "Source reads that raised, timed out or returned garbage", ("source",)),
+    MetricDef("memprof_events_dropped_total", "memprof.events_dropped", "{event}", "counter",
+              "Timeline events dropped because the buffer was full", ("model",)),
+    MetricDef("memprof_export_errors_total", "memprof.export_errors", "{error}", "counter",
+              "Failed exports", ("exporter",)),
+    MetricDef("memprof_dumps_total", "memprof.dumps", "{dump}", "counter",
+              "Dumps attempted by format and result", ("format", "result")),
+    MetricDef("memprof_build_info", "memprof.build_info", "", "info",
+              "memprof_otel and torch versions", ("version", "torch_version")),
+)
+
+BY_PROM: dict[str, MetricDef] = {m.prom: m for m in METRICS}
+
+
+def metric(prom_name: str) -> MetricDef:
+    return BY_PROM[prom_name]

@@ -1,0 +1,25 @@
+"""Recognizing an out-of-memory error, whichever layer of the stack raised it."""
+from __future__ import annotations
+
+import sys
+
+# messages of allocators that raise a plain RuntimeError (CPU allocator, older torch, XLA, MPS)
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory",
+                 "failed to allocate memory")
+
+
+def is_oom(exc: BaseException | None) -> bool:
+    """True for torch.OutOfMemoryError (CUDA/accelerator), MemoryError and allocator
+    RuntimeErrors that say they could not allocate."""
+    if exc is None:
+        return False
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")  # never import torch just to classify an exception
+    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    if isinstance(exc, RuntimeError):
+        msg = str(exc).lower()
+        return any(m in msg for m in _OOM_MESSAGES)
+    return False

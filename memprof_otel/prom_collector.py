@@ -1,0 +1,85 @@
+"""The Prometheus collector: renders the runtime's latest snapshot at scrape time.
+
+A scrape builds families from ``Runtime.series()`` (the last sampler tick plus in-memory stats) and
+never reads a device, triggers a CUDA sync or starts a capture. Registered in a registry of our own,
+never the global one, so importing us changes nothing in an application's own /metrics.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily, Metric, SummaryMetricFamily)
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Exemplar
+
+from ._log import rate_limited
+from .metric_names import BY_PROM, METRICS, MetricDef
+from .series import layer_forward_series
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class MemprofCollector(Collector):
+    def __init__(self, rt: "Runtime") -> None:
+        self._rt = rt
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with what runs; skip describe-time collection
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self._rt
+        try:
+            series = rt.series(max_age_s=0.0)
+            views = rt.layer_views()
+            ops = rt.op_stats.snapshot()
+        except Exception as e:  # a scrape never fails because of us
+            rt.count_export_error("prometheus")
+            rate_limited.warning("scrape", "memprof_otel: building the scrape failed: %r", e)
+            return
+        for d in METRICS:
+            if d.kind == "summary":
+                fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels))
+                for labels, seconds, calls in layer_forward_series(views):
+                    fam.add_metric([labels[k] for k in d.labels], count_value=calls, sum_value=seconds)
+                yield fam
+            elif d.kind == "histogram":
+                yield self._histogram(d, ops)
+            else:
+                yield _family(d, series.get(d.prom, ()))
+
+    @staticmethod
+    def _histogram(d: MetricDef, ops: dict[str, Any]) -> Metric:
+        fam = HistogramMetricFamily(d.prom, d.help, labels=list(d.labels))
+        for name, f in sorted(ops.items()):
+            h = f.duration if d.prom == "memprof_operation_duration_seconds" else f.peak
+            buckets = [(le, count, Exemplar({"trace_id": ex[0]}, ex[1], ex[2]) if ex else None)
+                       for le, count, ex in h.cumulative()]
+            fam.add_metric([name], buckets, sum_value=h.sum)
+        return fam
+
+
+def _family(d: MetricDef, rows: Any) -> Metric:
+    labels = list(d.labels)
+    if d.kind == "counter":
+        fam: Any = CounterMetricFamily(d.prom, d.help, labels=labels)
+    elif d.kind == "info":
+        fam = InfoMetricFamily(d.family, d.help, labels=[])
+        for lab, _ in rows:
+            fam.add_metric([], {k: str(lab.get(k, "")) for k in d.labels})
+        return fam
+    else:
+        fam = GaugeMetricFamily(d.prom, d.help, labels=labels)
+    for lab, value in rows:
+        fam.add_metric([str(lab.get(k, "")) for k in labels], value)
+    return fam
+
+
+def make_registry(rt: "Runtime") -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MemprofCollector(rt))
+    return reg
+
+
+__all__ = ["BY_PROM", "MemprofCollector", "make_registry"]

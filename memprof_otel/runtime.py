@@ -1,0 +1,261 @@
+"""The process-wide runtime: the one sampler, the operations, the exporters, the servers.
+
+Created on first use (import stays free of side effects). ``instrument()`` and ``operation()``
+start it with the config they were given if nothing runs yet; ``start_monitoring(config)``
+(re)starts it explicitly. ``shutdown()`` stops everything within a bounded time and also runs at
+interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from collections import Counter
+from typing import Any, Callable
+
+from ._log import rate_limited
+from ._version import __version__
+from .config import Config, load_config
+from .operation_stats import OperationStats
+from .operations import OperationTracker
+from .sampler import Sampler, SourceSpec, check_gpus
+from .series import LayerView, SelfView, Series, build_series
+from .sources import registry
+from .timeline import OperationRecord
+
+
+class _Probe:
+    """Cheap start/end readings for operations: a statm pread and the allocators' last readings."""
+
+    def rss(self) -> int:
+        p = registry.process()
+        return p.reading().allocated if p is not None else 0
+
+    def allocators(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        host = registry.host_allocator()
+        if host is not None:
+            out["cpu"] = host.reading().allocated
+        for i in _cuda_devices():
+            src = registry.cuda_allocator(i)
+            if src is not None:
+                out[f"cuda:{i}"] = src.reading().allocated
+        return out
+
+
+def _cuda_devices() -> list[int]:
+    try:
+        from .sources.cuda import available_devices
+
+        return available_devices()
+    except Exception:
+        return []
+
+
+def _torch_version() -> str:
+    import sys
+
+    torch = sys.modules.get("torch")
+    return str(getattr(torch, "__version__", "")) if torch is not None else ""
+
+
+class Runtime:
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.config: Config | None = None
+        self.sampler: Sampler | None = None
+        self.otel: Any = None
+        self.tracker = OperationTracker(_Probe())
+        self.op_stats: OperationStats = OperationStats()
+        self.tracker.add_end_listener(self._operation_ended)
+        self.export_errors: Counter[str] = Counter()
+        self.dumps: Counter[tuple[str, str]] = Counter()
+        self.extra_ooms: Counter[str] = Counter()
+        self.watchdog: Any = None           # set by the watchdog module when rules exist
+        self.servers: list[Any] = []
+        self.started_unix = 0.0
+        self._atexit = False
+        self._series_cache: tuple[float, Series] | None = None
+        self._shutdown_hooks: list[Callable[[float], None]] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self.sampler is not None and self.sampler.running
+
+    def ensure_started(self, config: Config | None = None) -> "Runtime":
+        """Start with ``config`` unless something already runs (first caller's config wins)."""
+        if self.running:
+            return self
+        with self._lock:
+            if not self.running:
+                self._start(config if config is not None else load_config())
+        return self
+
+    def start_monitoring(self, config: Any = None, *, meter_provider: Any = None,
+                         tracer_provider: Any = None) -> "Runtime":
+        cfg = config if isinstance(config, Config) else load_config(config)
+        with self._lock:
+            if self.running:
+                self._stop(timeout=2.0)
+            self._start(cfg, meter_provider=meter_provider, tracer_provider=tracer_provider)
+        return self
+
+    def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+        self.config = cfg
+        self.op_stats.max_names = cfg.prometheus.max_operations
+        sampler = Sampler(self._source_specs(), cfg.sampler.interval, cfg.sampler.buffer_size,
+                          current_operation=self.tracker.current_name)
+        sampler.add_listener(self.tracker.observe)
+        if cfg.otel.enabled and (self.otel is None or meter_provider or tracer_provider):
+            self._start_otel(cfg, meter_provider, tracer_provider)
+        self.tracker.spans = self.otel
+        from .watchdog import Watchdog
+
+        self.watchdog = Watchdog(self, cfg.watchdog)
+        sampler.add_listener(self.watchdog.on_sample)
+        self.sampler = sampler
+        self.started_unix = time.time()
+        sampler.start()
+        if not self._atexit:
+            atexit.register(self.shutdown, 3.0)
+            self._atexit = True
+
+    def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
+        try:
+            from .otel_export import OtelExporter
+
+            if self.otel is not None:
+                self.otel.shutdown(1.0)
+            self.otel = OtelExporter(cfg.otel, cfg.service_name, self.series, self.count_export_error,
+                                     meter_provider=meter_provider, tracer_provider=tracer_provider)
+        except Exception as e:  # telemetry setup must not take the model down with it
+            self.otel = None
+            self.count_export_error("otel_setup")
+            rate_limited.warning("otel-setup", "memprof_otel: OpenTelemetry setup failed: %r", e)
+
+    def _source_specs(self) -> list[SourceSpec]:
+        specs: list[SourceSpec] = []
+        if (p := registry.process()) is not None:
+            specs.append(SourceSpec("process", p.stats))
+        if (h := registry.host_allocator()) is not None:
+            specs.append(SourceSpec("cpu", h.stats))
+        for i in _cuda_devices():
+            if (c := registry.cuda_allocator(i)) is not None:
+                specs.append(SourceSpec(f"cuda:{i}", c.stats))
+        nvml_fn = getattr(registry, "nvml", None)
+        if nvml_fn is not None and (n := nvml_fn()) is not None:
+            specs.append(SourceSpec("nvml", n.readings, check_gpus))
+        return specs
+
+    def stop_monitoring(self, timeout: float = 2.0) -> bool:
+        with self._lock:
+            return self._stop(timeout)
+
+    def _stop(self, timeout: float) -> bool:
+        sampler, self.sampler = self.sampler, None
+        self.tracker.end_phase()
+        return sampler.stop(timeout) if sampler is not None else True
+
+    def add_shutdown_hook(self, fn: Callable[[float], None]) -> None:
+        self._shutdown_hooks.append(fn)
+
+    def shutdown(self, timeout: float = 5.0) -> bool:
+        """Stop servers, the sampler and exporters (flushing them) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        ok = True
+        with self._lock:
+            for srv in list(self.servers):
+                try:
+                    srv.close()
+                except Exception:
+                    ok = False
+            self.servers.clear()
+            for fn in list(self._shutdown_hooks):
+                try:
+                    fn(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    ok = False
+            ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
+            otel, self.otel = self.otel, None
+            self.tracker.spans = None
+            if otel is not None:
+                ok &= otel.shutdown(max(0.1, deadline - time.monotonic()))
+        return ok
+
+    # ---- counters --------------------------------------------------------------------------
+    def count_export_error(self, exporter: str) -> None:
+        self.export_errors[exporter] += 1
+
+    def count_dump(self, fmt: str, result: str) -> None:
+        self.dumps[(fmt, result)] += 1
+
+    def _operation_ended(self, rec: OperationRecord) -> None:
+        self.op_stats.record(rec)
+        if self.otel is not None:
+            label = rec.name if rec.name in self.op_stats.snapshot() else "__other__"
+            self.otel.record_operation(rec, label)
+
+    def operations_tracker(self) -> OperationTracker:
+        if not self.running:
+            self.ensure_started()
+        return self.tracker
+
+    # ---- the one data path exporters read --------------------------------------------------
+    def layer_views(self) -> list[LayerView]:
+        from .instrumentation import live_instrumentations
+
+        views = []
+        for name, h in sorted(live_instrumentations().items()):
+            stats = h.layer_stats()
+            views.append(LayerView(
+                model=name, device=h.last_device, peaks=h.exported_layer_peaks(),
+                forward={p: (s.duration_ms / 1000.0, s.calls) for p, s in stats.items()},
+                overhead_seconds=h.overhead_seconds, events_dropped=h.events_dropped))
+        return views
+
+    def sources_up(self) -> dict[str, bool]:
+        up = {name: False for name in registry.down_reasons()}
+        if self.sampler is not None:
+            up.update(self.sampler.up)
+        return up
+
+    def self_view(self) -> SelfView:
+        s = self.sampler
+        return SelfView(
+            sources_up=self.sources_up(),
+            sampler_errors=dict(s.errors) if s is not None else {},
+            sampler_duration_s=s.last_duration_s if s is not None and s.ticks else None,
+            sampler_last_success=s.last_success_unix if s is not None else None,
+            export_errors=dict(self.export_errors), dumps=dict(self.dumps),
+            extra_ooms=dict(self.extra_ooms), version=__version__, torch_version=_torch_version())
+
+    def series(self, max_age_s: float = 0.25) -> Series:
+        """Every gauge/counter/info series, built from the latest sample; cached for ``max_age_s``
+        so one OTel collection (many callbacks) or one scrape builds it once."""
+        now = time.monotonic()
+        cached = self._series_cache
+        if cached is not None and now - cached[0] < max_age_s:
+            return cached[1]
+        latest = self.sampler.latest() if self.sampler is not None else None
+        out = build_series(latest, self.layer_views(), self.self_view())
+        if self.watchdog is not None:
+            for name, rows in self.watchdog.series().items():
+                out.setdefault(name, []).extend(rows)
+        for op, f in sorted(self.op_stats.snapshot().items()):
+            out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))
+        self._series_cache = (now, out)
+        return out
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime()
+    return _runtime
