@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# a real Prometheus server and promtool run in the tests (Debian package; never skipped)
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 || {
+    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first and pinned: a bare or open-ended torch pulls a multi-GB CUDA build
 .venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'

@@ -1,0 +1,307 @@
+"""grafana/: dashboard structure (modern panels, datasource variable, template variables, units),
+queries that parse (real promtool) and use variables safely, and the provisioning files."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from itertools import combinations
+from typing import Any
+
+import pytest
+import yaml
+
+from . import asset_queries as aq
+from .promtool import report, run
+
+DASHBOARDS = ["memprof-overview.json", "memprof-layers.json", "memprof-operations.json"]
+MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "text"}
+ALLOWED_UNITS = {"bytes", "s", "percentunit", "ops", "short", "none"}
+DS_REF = {"type": "prometheus", "uid": "${datasource}"}
+LABEL_VARIABLES = {
+    "instance": "label_values(memprof_build_info, instance)",
+    "model": "label_values(memprof_layer_peak_increase_bytes, model)",
+    "device": "label_values(memprof_allocator_allocated_bytes, device)",
+}
+BUILTIN_VARIABLES = {"__rate_interval", "__interval", "__range", "__range_s", "__range_ms",
+                     "__interval_ms", "__rate_interval_ms"}
+
+
+def _load(name: str) -> dict[str, Any]:
+    return aq.load_dashboard(aq.DASHBOARD_DIR / name)
+
+
+def _panels(name: str) -> list[dict[str, Any]]:
+    return [p for p in aq.iter_panels(_load(name)) if p["type"] != "row"]
+
+
+def _all_panels() -> list[tuple[str, dict[str, Any]]]:
+    return [(name, p) for name in DASHBOARDS for p in _panels(name)]
+
+
+def _variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dashboard["templating"]["list"]}
+
+
+# ---------------------------------------------------------------------------- files and sync
+
+def test_the_three_dashboards_are_shipped() -> None:
+    assert sorted(p.name for p in aq.dashboard_files()) == sorted(DASHBOARDS)
+
+
+def test_dashboards_are_what_the_generator_writes() -> None:
+    script = aq.GRAFANA / "generate_dashboards.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    spec = importlib.util.spec_from_file_location("generate_dashboards", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, build in module.DASHBOARDS.items():
+        assert (aq.DASHBOARD_DIR / name).read_text(encoding="utf-8") == module.render(build), name
+
+
+# ---------------------------------------------------------------------------- structure
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_dashboard_identity(name: str) -> None:
+    d = _load(name)
+    assert d["uid"] == name.removesuffix(".json")
+    assert d["title"].startswith("memprof-otel / ")
+    assert "memprof-otel" in d["tags"]
+    assert d["schemaVersion"] >= 36
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_panel_ids_are_unique(name: str) -> None:
+    ids = [p["id"] for p in aq.iter_panels(_load(name))]
+    assert len(ids) == len(set(ids)), ids
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_panels_fit_the_grid_without_overlapping(name: str) -> None:
+    boxes = [(p["title"], p["gridPos"]) for p in aq.iter_panels(_load(name))]
+    for title, g in boxes:
+        assert g["x"] >= 0 and g["w"] > 0 and g["x"] + g["w"] <= 24, title
+    for (t1, a), (t2, b) in combinations(boxes, 2):
+        apart = (a["x"] + a["w"] <= b["x"] or b["x"] + b["w"] <= a["x"]
+                 or a["y"] + a["h"] <= b["y"] or b["y"] + b["h"] <= a["y"])
+        assert apart, f"{t1!r} overlaps {t2!r}"
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_only_modern_panel_types(name: str) -> None:
+    types = {p["type"] for p in aq.iter_panels(_load(name))}
+    assert types <= MODERN_TYPES, types - MODERN_TYPES     # no legacy graph/singlestat/table-old
+
+
+def test_panel_titles_are_unique_across_dashboards() -> None:
+    # gpu_only_panels.txt and cgroup_limit_panels.txt name panels by title alone
+    titles = [p["title"] for _, p in _all_panels()]
+    assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)
+
+
+@pytest.mark.parametrize(("name", "panel"), _all_panels(), ids=lambda x: x if isinstance(x, str) else x["title"])
+def test_panel_queries_prometheus_through_the_datasource_variable(name: str, panel: dict[str, Any]) -> None:
+    assert panel["datasource"] == DS_REF
+    assert panel["targets"], "a panel without a query"
+    refs = [t["refId"] for t in panel["targets"]]
+    assert len(refs) == len(set(refs))
+    for t in panel["targets"]:
+        assert t["datasource"] == DS_REF
+        assert t["expr"].strip()
+    assert panel.get("description"), "say what the panel shows"
+
+
+# ---------------------------------------------------------------------------- variables
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_datasource_variable(name: str) -> None:
+    ds = _variables(_load(name))["datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_label_variables_come_from_label_values(name: str) -> None:
+    variables = _variables(_load(name))
+    for var, query in LABEL_VARIABLES.items():
+        v = variables[var]
+        assert v["type"] == "query" and v["query"] == query and v["definition"] == query
+        assert v["datasource"] == DS_REF
+        # "All" must render as a regex matching every value, also ones that appear later
+        assert v["includeAll"] and v["multi"] and v["allValue"] == ".*"
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_queries_use_defined_variables_in_regex_matchers_only(name: str) -> None:
+    d = _load(name)
+    defined = set(_variables(d)) | BUILTIN_VARIABLES
+    for panel in aq.iter_panels(d):
+        for t in panel.get("targets", []):
+            expr = t["expr"]
+            used = {m.group(1) or m.group(2) for m in re.finditer(r"\$\{(\w+)[^}]*\}|\$(\w+)", expr)}
+            assert used <= defined, (panel["title"], used - defined)
+            for m in re.finditer(r'(\w+)\s*(=~|!~|=|!=)\s*"([^"]*\$[^"]*)"', expr):
+                assert m.group(2) == "=~", f"{panel['title']}: {m.group(0)} (a multi-value variable needs =~)"
+
+
+def test_dashboard_queries_render_every_variable() -> None:
+    queries = aq.dashboard_queries()
+    n_targets = sum(len(p["targets"]) for _, p in _all_panels())
+    assert len(queries) == n_targets
+    for q in queries:
+        assert "$" not in q.expr, q
+        assert q.dashboard in {n.removesuffix(".json") for n in DASHBOARDS}
+
+
+# ---------------------------------------------------------------------------- units
+
+# What a query's unit must be, by its shape (first match wins; label matchers removed first).
+_UNIT_RULES = [
+    (r"histogram_quantile\(.*_seconds_bucket", "s"),
+    (r"histogram_quantile\(.*_bytes_bucket", "bytes"),
+    (r"_seconds_sum\b.*/.*_seconds_count\b", "s"),
+    (r"_bytes_sum\b.*/.*_bytes_count\b", "bytes"),
+    (r"rate\(\w+_seconds_total\b", "percentunit"),    # seconds per second
+    (r"\brate\(\w+_count\b", "ops"),
+    (r"\bincrease\(\w+_count\b", "short"),
+    (r"time\(\)\s*-\s*\w+_seconds\b", "s"),
+    (r"_bytes\b[^/]*/[^/]*_bytes\b", "percentunit"),  # bytes over bytes
+    (r"_bytes\b", "bytes"),
+    (r"_ratio\b", "percentunit"),
+    (r"_seconds\b", "s"),
+]
+
+
+def _expected_unit(expr: str) -> str | None:
+    bare = re.sub(r"\{[^{}]*\}", "", expr)
+    for pattern, unit in _UNIT_RULES:
+        if re.search(pattern, bare):
+            return unit
+    return None
+
+
+def test_unit_rules_classify_known_shapes() -> None:
+    assert _expected_unit('memprof_process_resident_memory_bytes{instance=~"$instance"}') == "bytes"
+    assert _expected_unit("rate(memprof_overhead_seconds_total[5m])") == "percentunit"
+    assert _expected_unit("a_bytes / on(instance) b_bytes") == "percentunit"
+    assert _expected_unit("histogram_quantile(0.5, sum by (le) (rate(x_seconds_bucket[1m])))") == "s"
+    assert _expected_unit("memprof_alert_active") is None
+
+
+@pytest.mark.parametrize(("name", "panel"), _all_panels(), ids=lambda x: x if isinstance(x, str) else x["title"])
+def test_units_are_iec_bytes_seconds_or_ratios(name: str, panel: dict[str, Any]) -> None:
+    fc = panel["fieldConfig"]
+    units = {fc["defaults"].get("unit")} | {prop["value"] for o in fc["overrides"]
+                                             for prop in o["properties"] if prop["id"] == "unit"}
+    assert units <= ALLOWED_UNITS, units - ALLOWED_UNITS    # e.g. no SI "decbytes"
+    expected = {ref: _expected_unit(t["expr"]) for ref, t in ((t["refId"], t) for t in panel["targets"])}
+    if panel["type"] == "table":
+        # one column per query, renamed by the organize transformation, unit set per column
+        renames: dict[str, str] = {}
+        for tr in panel.get("transformations", []):
+            renames.update(tr.get("options", {}).get("renameByName", {}))
+        column_units = {o["matcher"]["options"]: prop["value"] for o in fc["overrides"]
+                        for prop in o["properties"] if prop["id"] == "unit"}
+        for ref, unit in expected.items():
+            if unit is not None and len(panel["targets"]) > 1:
+                assert column_units.get(renames.get(f"Value #{ref}")) == unit, (ref, unit)
+    else:
+        wanted = {u for u in expected.values() if u is not None}
+        assert len(wanted) <= 1, f"queries of different units in one panel: {expected}"
+        if wanted:
+            assert fc["defaults"]["unit"] == wanted.pop()
+
+
+# ---------------------------------------------------------------------------- queries
+
+def test_every_dashboard_query_parses(promtool: str, tmp_path) -> None:
+    """promtool parses each query (variables rendered as a test would) as a recording rule."""
+    rules = [{"record": f"dashboard_query_{i}", "expr": q.expr} for i, q in enumerate(aq.dashboard_queries())]
+    for name in DASHBOARDS:
+        for v in _variables(_load(name)).values():
+            if v["type"] == "query":
+                sel = aq.variable_selector(v["query"])
+                assert sel is not None, v["query"]
+                rules.append({"record": f"dashboard_variable_{len(rules)}", "expr": sel})
+    (tmp_path / "queries.yml").write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = run(promtool, "check", "rules", "queries.yml", cwd=tmp_path)
+    assert result.returncode == 0, report(result)
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def _panels_using(prefix: str) -> set[str]:
+    return {p["title"] for _, p in _all_panels()
+            if any(n.startswith(prefix) for t in p["targets"] for n in aq.metric_names_in(t["expr"]))}
+
+
+def test_gpu_only_panels_are_listed_and_hold_only_gpu_queries() -> None:
+    listed = aq.listed_panels("gpu_only_panels.txt")
+    assert listed and len(listed) == len(set(listed))
+    assert set(listed) == _panels_using("memprof_gpu_")
+    for _, p in _all_panels():
+        if p["title"] in listed:
+            # every query of the panel is a GPU query, so "no data" there means "no GPU"
+            for t in p["targets"]:
+                assert all(n.startswith("memprof_gpu_") for n in aq.metric_names_in(t["expr"])), t["expr"]
+
+
+def test_cgroup_limit_panels_are_listed() -> None:
+    listed = aq.listed_panels("cgroup_limit_panels.txt")
+    assert set(listed) == _panels_using("memprof_process_memory_limit_bytes")
+
+
+def test_overview_covers_what_an_operator_looks_at_first() -> None:
+    exprs = " ".join(t["expr"] for p in _panels("memprof-overview.json") for t in p["targets"])
+    for metric in ("memprof_process_resident_memory_bytes", "memprof_process_memory_limit_bytes",
+                   "memprof_gpu_memory_used_bytes", "memprof_gpu_memory_total_bytes",
+                   "memprof_allocator_allocated_bytes", "memprof_allocator_reserved_bytes",
+                   "memprof_allocator_fragmentation_ratio", "memprof_alert_active",
+                   "memprof_sampler_duration_seconds", "memprof_source_up"):
+        assert metric in exprs, metric
+    assert re.search(r"rate\(memprof_overhead_seconds_total\{[^}]*\}\[5m\]\)", exprs)
+
+
+def test_watchdog_thresholds_are_drawn_as_threshold_lines() -> None:
+    (panel,) = [p for p in _panels("memprof-overview.json") if p["title"] == "Watchdog thresholds"]
+    (target,) = panel["targets"]
+    assert "memprof_watchdog_threshold" in target["expr"]
+    (override,) = [o for o in panel["fieldConfig"]["overrides"]
+                   if o["matcher"] == {"id": "byFrameRefID", "options": target["refId"]}]
+    props = {p["id"]: p["value"] for p in override["properties"]}
+    assert props["custom.lineStyle"]["fill"] == "dash"
+    assert props["custom.fillOpacity"] == 0
+
+
+def test_layers_dashboard_ranks_and_times_layers() -> None:
+    exprs = [t["expr"] for p in _panels("memprof-layers.json") for t in p["targets"]]
+    assert any(e.startswith("topk(") and "memprof_layer_peak_increase_bytes" in e for e in exprs)
+    assert any(e.startswith("topk(") and "memprof_layer_retained_bytes" in e for e in exprs)
+    assert any("rate(memprof_layer_forward_seconds_sum" in e and "rate(memprof_layer_forward_seconds_count" in e
+               for e in exprs)
+    assert any("memprof_layer_fragmentation_ratio" in e for e in exprs)
+
+
+def test_operations_dashboard_uses_the_histograms() -> None:
+    exprs = [t["expr"] for p in _panels("memprof-operations.json") for t in p["targets"]]
+    for family in ("memprof_operation_duration_seconds", "memprof_operation_memory_peak_bytes"):
+        for q in ("0.5", "0.95"):
+            assert any(e.startswith(f"histogram_quantile({q}, sum by (operation, le) (rate({family}_bucket")
+                       for e in exprs), (family, q)
+    assert any("memprof_operation_memory_delta_bytes" in e for e in exprs)
+
+
+# ---------------------------------------------------------------------------- provisioning
+
+def test_datasource_provisioning_points_at_prometheus() -> None:
+    doc = yaml.safe_load((aq.GRAFANA / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    (ds,) = doc["datasources"]
+    assert ds["type"] == "prometheus" and ds["isDefault"] is True
+    assert ds["url"] == "http://prometheus:9090"     # the compose service
+
+
+def test_dashboard_provisioning_loads_a_directory() -> None:
+    doc = yaml.safe_load((aq.GRAFANA / "provisioning" / "dashboards" / "memprof.yaml").read_text())
+    (provider,) = doc["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"].startswith("/")   # the mount point; test_compose checks it

@@ -1,0 +1,130 @@
+"""deploy/prometheus: alert rules, their promtool unit tests and the scrape configs, checked by
+the real promtool, plus the structure users and Alertmanager routing rely on."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from .asset_queries import ALERTS, ALERTS_TEST, DEPLOY
+from .promtool import report, run
+
+PROM_DIR = DEPLOY / "prometheus"
+CONFIGS = ["prometheus.yml", "prometheus-multiworker.yml"]
+
+EXPECTED_ALERTS = {
+    "MemprofGpuMemoryNearFull", "MemprofOutOfMemory", "MemprofAllocatorRetries",
+    "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
+    "MemprofRssNearCgroupLimit", "MemprofSamplerStale", "MemprofSamplerSlow",
+    "MemprofTargetDown", "MemprofWatchdogAlertFiring",
+}
+SEVERITIES = {"info", "warning", "critical"}
+
+
+def _rules() -> list[dict]:
+    return [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+
+
+def test_alert_rules_pass_promtool_check(promtool: str) -> None:
+    result = run(promtool, "check", "rules", ALERTS.name, cwd=PROM_DIR)
+    assert result.returncode == 0, report(result)
+    assert f"SUCCESS: {len(EXPECTED_ALERTS)} rules found" in result.stdout
+
+
+def test_alert_rule_unit_tests_pass(promtool: str) -> None:
+    result = run(promtool, "test", "rules", ALERTS_TEST.name, cwd=PROM_DIR)
+    assert result.returncode == 0, report(result)
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_prometheus_config_passes_promtool_check(promtool: str, config: str) -> None:
+    # check config also loads and checks the rule files the config names
+    result = run(promtool, "check", "config", config, cwd=PROM_DIR)
+    assert result.returncode == 0, report(result)
+
+
+def test_a_broken_unit_test_is_caught(promtool: str, tmp_path) -> None:
+    """Guards the guard: promtool must fail when an expected annotation is wrong, so a passing
+    run means the annotations really render as written."""
+    (tmp_path / "alerts.yml").write_text(ALERTS.read_text())
+    broken = ALERTS_TEST.read_text().replace("memprof-otel endpoint app:9464 is down",
+                                             "memprof-otel endpoint app:9464 is DOWN", 1)
+    assert broken != ALERTS_TEST.read_text()
+    (tmp_path / "alerts_test.yml").write_text(broken)
+    result = run(promtool, "test", "rules", "alerts_test.yml", cwd=tmp_path)
+    assert result.returncode != 0, report(result)
+
+
+def test_every_expected_alert_exists_once() -> None:
+    names = [r["alert"] for r in _rules()]
+    assert sorted(names) == sorted(EXPECTED_ALERTS)
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda r: r["alert"])
+def test_alert_has_severity_summary_and_description(rule: dict) -> None:
+    severity = rule.get("labels", {}).get("severity")
+    # the watchdog mirror passes the in-process rule's own severity through
+    assert severity in SEVERITIES or severity == "{{ $labels.severity }}", severity
+    annotations = rule.get("annotations", {})
+    assert annotations.get("summary", "").strip()
+    assert len(annotations.get("description", "")) > len(annotations["summary"])
+
+
+def _alert_cases() -> dict[str, dict[str, list[dict]]]:
+    """alertname -> {"firing": [exp_alerts...], "quiet": [cases]} from alerts_test.yml."""
+    cases: dict[str, dict[str, list[dict]]] = {}
+    for test in yaml.safe_load(ALERTS_TEST.read_text())["tests"]:
+        for case in test.get("alert_rule_test", []):
+            entry = cases.setdefault(case["alertname"], {"firing": [], "quiet": []})
+            if case.get("exp_alerts"):
+                entry["firing"].extend(case["exp_alerts"])
+            else:
+                entry["quiet"].append(case)
+    return cases
+
+
+@pytest.mark.parametrize("alert", sorted(EXPECTED_ALERTS))
+def test_alert_has_a_firing_and_a_quiet_unit_test(alert: str) -> None:
+    cases = _alert_cases().get(alert, {"firing": [], "quiet": []})
+    assert cases["firing"], f"no promtool case where {alert} fires"
+    assert cases["quiet"], f"no promtool case where {alert} must stay quiet"
+    for exp in cases["firing"]:
+        assert exp.get("exp_labels", {}).get("severity") in SEVERITIES
+        assert {"summary", "description"} <= set(exp.get("exp_annotations", {}))
+
+
+def test_unit_tests_load_the_shipped_rules() -> None:
+    assert yaml.safe_load(ALERTS_TEST.read_text())["rule_files"] == [ALERTS.name]
+
+
+def test_scrape_config_targets_the_demo_and_loads_the_rules() -> None:
+    config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    assert config["rule_files"] == [ALERTS.name]
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    demo = jobs["memprof-otel"]          # MemprofTargetDown matches this job name
+    targets = [t for sc in demo["static_configs"] for t in sc["targets"]]
+    assert targets and all(t.endswith(":9464") for t in targets)
+    # the collector path keeps the job/instance it derives from each pushing process
+    assert jobs["otel-collector"]["honor_labels"] is True
+
+
+def test_multiworker_example_scrapes_one_port_per_worker() -> None:
+    config = yaml.safe_load((PROM_DIR / "prometheus-multiworker.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "memprof-otel"
+    by_host: dict[str, list[int]] = {}
+    for sc in job["static_configs"]:
+        for t in sc["targets"]:
+            host, port = t.rsplit(":", 1)
+            by_host.setdefault(host, []).append(int(port))
+    assert by_host, "no targets"
+    for ports in by_host.values():
+        # http.port + worker index: consecutive ports from the base port
+        assert sorted(ports) == list(range(9464, 9464 + len(ports))) and len(ports) >= 2
+
+
+def test_target_down_alert_matches_the_scrape_job() -> None:
+    (rule,) = [r for r in _rules() if r["alert"] == "MemprofTargetDown"]
+    assert re.search(r'job="memprof-otel"', rule["expr"])
