@@ -346,6 +346,8 @@ def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
+        if rest == "debug":  # the CLI's traceback switch, not a config key
+            continue
         if rest == "service_name":
             layer["service_name"] = value
             continue

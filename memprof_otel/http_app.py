@@ -155,7 +155,7 @@ class Endpoint:
             method = "GET"
         arg = ""
         key = (method, path)
-        if path.startswith("/v1/dumps/") and path.count("/") == 3:
+        if path.startswith("/v1/dumps/"):  # any rest, even "../x" decoded from %2F: the id check rejects it
             key, arg = (method, "/v1/dumps/{id}"), path[len("/v1/dumps/"):]
             if method != "GET":
                 raise HttpError(405, "method_not_allowed", f"{method} is not allowed on {path}", {"Allow": "GET"})
@@ -198,10 +198,12 @@ class Endpoint:
     def healthz(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         s = self.rt.sampler
         if s is None or not s.running:
-            return json_response(503, {"status": "down", "reason": "the sampler is not running"})
+            reason = "the sampler is not running"
+            return json_response(503, {"status": "down", "reason": reason, "error": "sampler_down", "detail": reason})
         age = time.time() - s.last_success_unix if s.last_success_unix else None
         if age is not None and age > 5 * s.interval_s + 5:
-            return json_response(503, {"status": "stale", "reason": f"no successful sample for {age:.0f} s"})
+            reason = f"no successful sample for {age:.0f} s"
+            return json_response(503, {"status": "stale", "reason": reason, "error": "sampler_stale", "detail": reason})
         return json_response(200, {"status": "ok"})
 
     def status(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:

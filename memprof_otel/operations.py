@@ -175,7 +175,9 @@ class operation:
             raise MemprofError(f"operation name must be a non-empty string, got {name!r}")
         self.name = name
         self.attributes = attributes
-        self._stack: list[tuple[OperationRecord, contextvars.Token[Any], Any, Any]] = []
+        # per context, so one operation object shared by threads or tasks closes the right record
+        self._stacks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+            f"memprof_operation_stack_{id(self)}", default=())
 
     def __enter__(self) -> OperationRecord | None:
         from .runtime import runtime
@@ -191,15 +193,17 @@ class operation:
                 token = tracker.spans.activate(span)
             except Exception as e:
                 tracker._count("span-start", e)
-        self._stack.append((rec, _current.set(rec), span, token))
+        self._stacks.set(self._stacks.get() + ((rec, _current.set(rec), span, token),))
         return rec
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        if not self._stack:
+        stack = self._stacks.get()
+        if not stack:
             return
         from .runtime import runtime
 
-        rec, ctx_token, span, token = self._stack.pop()
+        rec, ctx_token, span, token = stack[-1]
+        self._stacks.set(stack[:-1])
         tracker = runtime().operations_tracker()
         try:
             _current.reset(ctx_token)

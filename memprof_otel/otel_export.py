@@ -168,6 +168,8 @@ class OtelExporter:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        if service_name == "memprof-otel" and os.environ.get("OTEL_SERVICE_NAME"):
+            service_name = os.environ["OTEL_SERVICE_NAME"]  # the standard variable beats our default
         resource = Resource.create({"service.name": service_name, "service.instance.id": self.instance_id,
                                     "service.version": __version__})
         span_exp, metric_exp = _otlp_exporters(cfg, endpoint, protocol)

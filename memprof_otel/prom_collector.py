@@ -31,8 +31,8 @@ class MemprofCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         rt = self._rt
         try:
-            series = rt.series(max_age_s=0.0)
-            views = rt.layer_views()
+            views = rt.layer_views()  # one snapshot for the gauges and the summary (was taken twice)
+            series = rt.series(max_age_s=0.0, views=views)
             ops = rt.op_stats.snapshot()
         except Exception as e:  # a scrape never fails because of us
             rt.count_export_error("prometheus")

@@ -102,12 +102,16 @@ class Runtime:
         return self
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
-        self.config = cfg
+        prev, self.config = self.config, cfg
+        self._series_cache = None  # a restart must not serve the previous run's figures
         self.op_stats.max_names = cfg.prometheus.max_operations
         sampler = Sampler(self._source_specs(), cfg.sampler.interval, cfg.sampler.buffer_size,
                           current_operation=self.tracker.current_name)
         sampler.add_listener(self.tracker.observe)
-        if cfg.otel.enabled and (self.otel is None or meter_provider or tracer_provider):
+        # a restart with other OTel settings (endpoint, interval...) replaces our exporter
+        otel_changed = self.otel is not None and prev is not None and (
+            prev.otel != cfg.otel or prev.service_name != cfg.service_name)
+        if cfg.otel.enabled and (self.otel is None or otel_changed or meter_provider or tracer_provider):
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
         from .watchdog import Watchdog
@@ -176,11 +180,14 @@ class Runtime:
                     fn(max(0.0, deadline - time.monotonic()))
                 except Exception:
                     ok = False
-            ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
+            self.tracker.end_phase()  # the open phase's span goes out with the final flush
             otel, self.otel = self.otel, None
             self.tracker.spans = None
             if otel is not None:
-                ok &= otel.shutdown(max(0.1, deadline - time.monotonic()))
+                # flush while the sampler still holds the latest figures, so the final export has them
+                self._series_cache = None
+                ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
+            ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
         return ok
 
     # ---- counters --------------------------------------------------------------------------
@@ -230,15 +237,16 @@ class Runtime:
             export_errors=dict(self.export_errors), dumps=dict(self.dumps),
             extra_ooms=dict(self.extra_ooms), version=__version__, torch_version=_torch_version())
 
-    def series(self, max_age_s: float = 0.25) -> Series:
+    def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None) -> Series:
         """Every gauge/counter/info series, built from the latest sample; cached for ``max_age_s``
-        so one OTel collection (many callbacks) or one scrape builds it once."""
+        so one OTel collection (many callbacks) or one scrape builds it once. ``views``: the
+        ``layer_views()`` the caller already took (a scrape needs them for the summary too)."""
         now = time.monotonic()
         cached = self._series_cache
         if cached is not None and now - cached[0] < max_age_s:
             return cached[1]
         latest = self.sampler.latest() if self.sampler is not None else None
-        out = build_series(latest, self.layer_views(), self.self_view())
+        out = build_series(latest, self.layer_views() if views is None else views, self.self_view())
         if self.watchdog is not None:
             for name, rows in self.watchdog.series().items():
                 out.setdefault(name, []).extend(rows)

@@ -82,12 +82,22 @@ class _Worker:
 
     def read_within(self, deadline: float) -> tuple[bool, Any]:
         """(ok, value-or-exception); a timeout or a still-busy reader is a TimeoutError."""
+        busy = self.submit()
+        return (False, busy) if busy is not None else self.collect(deadline)
+
+    def submit(self) -> TimeoutError | None:
+        """Ask for a fresh read without waiting; the error when an earlier read is still running."""
         with self._cv:
             if self._busy or self._pending:
-                return False, TimeoutError(f"{self.name} is still busy with an earlier read")
+                return TimeoutError(f"{self.name} is still busy with an earlier read")
             self._result = None
             self._pending = True
             self._cv.notify_all()
+            return None
+
+    def collect(self, deadline: float) -> tuple[bool, Any]:
+        """Wait until ``deadline`` for the read ``submit`` asked for."""
+        with self._cv:
             while self._result is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -220,11 +230,16 @@ class Sampler:
         results: dict[str, Any] = {}
         with self._lock:
             sources = list(self._sources)
+        # every read is asked for before any is waited on: a hung source ahead of the others in
+        # the list must not use up their share of the deadline
+        submitted = []
         for spec in sources:
             w = self._workers.get(spec.name)
             if w is None:
                 w = self._workers[spec.name] = _Worker(spec.name, spec.read)
-            ok, value = w.read_within(deadline)
+            submitted.append((spec, w, w.submit()))
+        for spec, w, busy in submitted:
+            ok, value = (False, busy) if busy is not None else w.collect(deadline)
             if ok:
                 try:
                     results[spec.name] = spec.check(value, spec.name)

@@ -46,6 +46,19 @@ class Sample:
                 "allocators": {k: dict(v) for k, v in self.allocators.items()},
                 "gpus": [g.to_dict() for g in self.gpus], "operation": self.operation}
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Sample":
+        """The inverse of ``to_dict`` (``GET /v1/timeline``, ``export_timeline`` files)."""
+        gpus = tuple(GpuReading(int(g["gpu"]), str(g.get("gpu_uuid", "")), str(g.get("gpu_model", "")),
+                                str(g.get("driver_version", "")), int(g.get("used_bytes", 0)),
+                                int(g.get("total_bytes", 0)),
+                                None if g.get("process_used_bytes") is None else int(g["process_used_bytes"]))
+                     for g in d.get("gpus") or ())
+        return cls(t=float(d["t"]), process={str(k): float(v) for k, v in (d.get("process") or {}).items()},
+                   allocators={str(dev): {str(k): float(v) for k, v in figs.items()}
+                               for dev, figs in (d.get("allocators") or {}).items()},
+                   gpus=gpus, operation=d.get("operation"))
+
 
 @dataclass
 class OperationRecord:

@@ -17,12 +17,18 @@ class ExportError(MemprofError, OSError):
 
 
 def timeline_document(h: "Instrumentation") -> dict[str, Any]:
+    from .runtime import runtime
+
+    rt = runtime()
     return {
         "format": "memprof-otel.timeline/1",
         "model": h.name,
         "events": h.events(),
         "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
         "summary": h.summary_dict(),
+        # the process-wide sampler and operations, as GET /v1/timeline gives them
+        "samples": [s.to_dict() for s in (rt.sampler.samples() if rt.sampler is not None else [])],
+        "operations": [r.to_dict() for r in rt.tracker.records()],
     }
 
 

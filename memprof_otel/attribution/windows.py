@@ -53,8 +53,10 @@ class WindowedPeaks:
             return
         for path, w in self._current.items():
             self._published[path] = w.figures()
+        # a window without calls (instrumented, then idle) publishes nothing: keep showing the
+        # partial window until one with calls completes, else the first forwards stay invisible
+        self._completed_any = self._completed_any or bool(self._current)
         self._current = {}
-        self._completed_any = True
         # align to the window grid so idle gaps do not shift later windows
         self._start += self.window_s * ((now - self._start) // self.window_s)
 

@@ -134,8 +134,10 @@ class ProcessSource:
                 os.close(fd)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit, globals may be gone
+        try:  # at interpreter exit, module globals (contextlib, os) may already be None
             self.close()
+        except Exception:
+            pass
 
     def _read_text(self, name: str, pid: str = "") -> str | None:
         try:

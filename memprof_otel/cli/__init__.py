@@ -1,0 +1,89 @@
+"""The ``memprof-otel`` command: one module per subcommand, each with ``add_arguments`` and ``run``.
+
+Errors are typed: a ``CommandError`` carries its exit code; a ``ConfigError`` (bad input) exits 2;
+any other ``MemprofError`` or ``OSError`` exits 1. Each is one line on stderr,
+``memprof-otel: error: ...``, never a traceback (set ``MEMPROF_OTEL_DEBUG=1`` to see one).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Sequence
+
+from .._version import __version__
+from ..errors import ConfigError, MemprofError
+from ._common import EXIT_FAILURE, EXIT_USAGE, CommandError
+
+PROG = "memprof-otel"
+# subcommand -> module in this package (imported when the parser is built; each imports its heavy
+# dependencies only inside run())
+COMMANDS = {
+    "info": "info",
+    "check-config": "check_config",
+    "dump": "dump",
+    "analyze": "analyze",
+    "monitor": "monitor",
+    "demo": "demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Per-layer PyTorch memory telemetry for Prometheus and OpenTelemetry.",
+        epilog="Set MEMPROF_OTEL_DEBUG=1 to get a traceback instead of a one-line error.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__.strip().splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "unknown error"
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (the console script passes it to ``sys.exit``)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors: argparse has printed them
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if os.environ.get("MEMPROF_OTEL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
+        return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except CommandError as e:
+        return _fail(str(e), e.exit_code)
+    except ConfigError as e:
+        return _fail(str(e), EXIT_USAGE)
+    except MemprofError as e:
+        return _fail(str(e), EXIT_FAILURE)
+    except BrokenPipeError:  # `memprof-otel info | head`: the reader left; nothing to say
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return EXIT_FAILURE
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        return _fail(f"{where}{e.strerror or e}", EXIT_FAILURE)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+    except Exception as e:  # a bug of ours: still one line, with the type to report it by
+        return _fail(f"unexpected {type(e).__name__}: {e} (MEMPROF_OTEL_DEBUG=1 shows the traceback)",
+                     EXIT_FAILURE)
+
+
+__all__ = ["COMMANDS", "CommandError", "build_parser", "main"]

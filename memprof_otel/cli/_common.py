@@ -1,0 +1,106 @@
+"""What the subcommands share: the typed command error and a small urllib client for the endpoint.
+
+Only the standard library: ``memprof-otel dump`` and ``monitor`` must work wherever the package is
+installed, with no extra dependency.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Mapping
+
+from ..errors import MemprofError
+
+EXIT_FAILURE = 1   # the command could not do its job (endpoint down, HTTP error, file not written)
+EXIT_USAGE = 2     # the input is wrong (bad config, bad JSON, bad URL); like argparse's own errors
+
+
+class CommandError(MemprofError):
+    """A subcommand failed: ``main`` prints ``memprof-otel: error: <message>`` and exits ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def endpoint_url(url: str) -> str:
+    """``url`` without a trailing slash; a CommandError (exit 2) unless it is http(s)://host[:port]."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CommandError(f"--url must look like http://HOST:PORT, got {url!r}", EXIT_USAGE)
+    return url.strip().rstrip("/")
+
+
+def _server_error(body: bytes) -> str:
+    """The endpoint's ``{"error", "detail"}`` (or FastAPI's ``{"detail"}``) as one short phrase."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        text = body.decode("utf-8", "replace").strip()
+        return text[:200]
+    if isinstance(doc, dict):
+        parts = [str(doc[k]) for k in ("error", "detail") if doc.get(k)]
+        if parts:
+            return ": ".join(parts)
+    return json.dumps(doc)[:200]
+
+
+class Client:
+    """GET/POST against a memprof-otel endpoint; every failure becomes a one-line CommandError."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 10.0) -> None:
+        self.base = endpoint_url(url)
+        self.token = token
+        self.timeout = timeout
+
+    def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
+        if path.startswith(("http://", "https://")):
+            full = path
+        else:
+            full = self.base + "/" + path.lstrip("/")
+        q = {k: v for k, v in (query or {}).items() if v is not None}
+        return full + ("?" + urllib.parse.urlencode(q) if q else "")
+
+    def request(self, method: str, path: str, query: Mapping[str, Any] | None = None,
+                timeout: float | None = None, accept: str = "application/json") -> bytes:
+        url = self.url(path, query)
+        headers = {"Accept": accept, "User-Agent": "memprof-otel-cli"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(url, method=method, headers=headers,
+                                     data=b"" if method in ("POST", "PUT") else None)
+        wait = self.timeout if timeout is None else timeout
+        shown = url.split("?", 1)[0]
+        try:
+            with urllib.request.urlopen(req, timeout=wait) as resp:
+                return resp.read()
+        except urllib.error.HTTPError as e:
+            try:
+                body = e.read()
+            except Exception:  # no body, or the connection died mid-body
+                body = b""
+            finally:
+                e.close()
+            raise CommandError(f"{method} {shown}: HTTP {e.code}: {_server_error(body)}") from None
+        except urllib.error.URLError as e:
+            reason = e.reason.strerror if isinstance(e.reason, OSError) and e.reason.strerror else e.reason
+            if isinstance(e.reason, (TimeoutError, socket.timeout)):
+                raise CommandError(f"{method} {shown}: no answer within {wait:g} s") from None
+            raise CommandError(f"cannot reach {self.base}: {reason}") from None
+        except (TimeoutError, socket.timeout):
+            raise CommandError(f"{method} {shown}: no answer within {wait:g} s") from None
+        except (http.client.HTTPException, ConnectionError) as e:
+            raise CommandError(f"cannot reach {self.base}: {type(e).__name__}: {e}") from None
+
+    def json(self, method: str, path: str, query: Mapping[str, Any] | None = None,
+             timeout: float | None = None) -> Any:
+        body = self.request(method, path, query, timeout)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise CommandError(f"{method} {self.url(path)}: the answer is not JSON "
+                               "(is this a memprof-otel endpoint?)") from None

@@ -1,0 +1,97 @@
+"""Print the layer summary and the operations report of a timeline JSON; optionally plot it.
+
+Reads what ``h.export_timeline(path)`` writes (layer summary + samples + operations) or what
+``GET /v1/timeline`` answers (samples + operations). ``--png`` draws the 4-panel plot (needs the
+``plots`` extra).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Mapping
+
+from ._common import EXIT_USAGE, CommandError
+
+HELP = "report (and plot) a timeline JSON from export_timeline() or GET /v1/timeline"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("timeline", metavar="TIMELINE.json", help="timeline file")
+    p.add_argument("--png", metavar="FILE", default=None, help="also write the 4-panel plot here")
+    p.add_argument("--top", type=int, default=15, help="layers shown in the summary")
+
+
+def load(path: str) -> dict[str, Any]:
+    """The JSON document, checked to be a timeline; CommandError (exit 2) otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise CommandError(f"{path}: cannot read: {e.strerror or e}", EXIT_USAGE) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CommandError(f"{path}: not valid JSON: {e}", EXIT_USAGE) from None
+    if not isinstance(doc, dict) or not any(k in doc for k in ("samples", "operations", "layer_stats")):
+        raise CommandError(f"{path}: not a memprof-otel timeline (expected the JSON of export_timeline() "
+                           "or GET /v1/timeline)", EXIT_USAGE)
+    return doc
+
+
+def parse_records(doc: Mapping[str, Any], path: str) -> tuple[list[Any], list[Any]]:
+    from ..timeline import OperationRecord, Sample
+
+    try:
+        samples = [Sample.from_dict(s) for s in doc.get("samples") or []]
+        ops = [OperationRecord.from_dict(o) for o in doc.get("operations") or []]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CommandError(f"{path}: malformed samples or operations ({type(e).__name__}: {e})",
+                           EXIT_USAGE) from None
+    return samples, ops
+
+
+def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
+    """The layer table from ``summary`` and ``layer_stats`` (None when the file has neither)."""
+    from ..units import format_bytes
+
+    summary, stats = doc.get("summary"), doc.get("layer_stats")
+    if not isinstance(summary, dict) and not isinstance(stats, dict):
+        return None
+    s = summary if isinstance(summary, dict) else {}
+    lines = [f"LAYERS: model {s.get('model', doc.get('model', '?'))!r} on {s.get('device', '?')} "
+             f"({s.get('method', '?')})"]
+    if s:
+        lines.append(f"  forwards: {s.get('forwards', 0)} ({s.get('attributed_forwards', 0)} attributed), "
+                     f"forward peak: +{format_bytes(s.get('forward_peak_increase_bytes', 0))}, "
+                     f"overhead {float(s.get('overhead_ratio', 0.0)):.2%}")
+    rows = sorted(((k, v) for k, v in (stats or {}).items() if k and isinstance(v, dict)),
+                  key=lambda kv: kv[1].get("peak_increase", 0), reverse=True)[:max(0, top)]
+    if not rows:
+        lines.append("  no attributed layer")
+        return "\n".join(lines)
+    width = max(24, *(len(k) for k, _ in rows))
+    lines.append(f"  {'layer':<{width}} {'calls':>6} {'peak +':>11} {'retained':>11} {'ms/call':>9}")
+    for k, v in rows:
+        calls = int(v.get("calls", 0))
+        lines.append(f"  {k:<{width}} {calls:>6} {format_bytes(v.get('peak_increase', 0)):>11} "
+                     f"{format_bytes(v.get('retained', 0)):>11} "
+                     f"{float(v.get('duration_ms', 0.0)) / max(1, calls):>9.3f}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import format_report
+    from ..timeline import Timeline
+
+    doc = load(args.timeline)
+    samples, ops = parse_records(doc, args.timeline)
+    layers = format_layers(doc, args.top)
+    if layers:
+        print(layers)
+        print()
+    print(format_report(samples, ops))
+    if args.png:
+        from ..plot import plot_timeline
+
+        plot_timeline(Timeline.from_samples(samples, ops), args.png)
+        print(f"\nplot written to {os.fspath(args.png)}")
+    return 0

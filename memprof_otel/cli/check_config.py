@@ -1,0 +1,59 @@
+"""Validate a YAML config file: "ok: FILE" and a summary, or one line naming the bad key (exit 2).
+
+By default the file is checked on its own; ``--env`` also applies the ``MEMPROF_OTEL_*``
+variables of this shell, giving the config a process started here would run with.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import Config
+
+HELP = "validate a config file (unknown keys, bad values and units, bad watchdog rules)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="YAML config file")
+    p.add_argument("--env", action="store_true",
+                   help="also apply this shell's MEMPROF_OTEL_* environment variables")
+
+
+def _threshold(metric: str, value: float) -> str:
+    from ..units import format_bytes
+
+    if metric.endswith("_bytes"):
+        return format_bytes(value)
+    return f"{value:g} s" if metric.endswith("_seconds") else f"{value:g}"
+
+
+def summary_lines(cfg: "Config") -> list[str]:
+    from ..units import format_bytes
+
+    otlp = cfg.otel.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "none"
+    rules = ", ".join(f"{r.name} ({r.metric} {r.op} {_threshold(r.metric, r.threshold)})"
+                      for r in cfg.watchdog.rules)
+    return [
+        f"  service_name   {cfg.service_name}",
+        f"  sampler        every {cfg.sampler.interval:g} s, {cfg.sampler.buffer_size} samples kept",
+        f"  attribution    {'on' if cfg.attribution.enabled else 'off'}, overhead budget "
+        f"{cfg.attribution.overhead_budget:.2%}, window {cfg.attribution.window:g} s",
+        f"  http           {cfg.http.host}:{cfg.http.port} "
+        f"({'token set' if cfg.http.token else 'no token'})",
+        f"  otel           {'on' if cfg.otel.enabled else 'off'}, OTLP endpoint {otlp}",
+        f"  watchdog       {len(cfg.watchdog.rules)} rule(s){': ' + rules if rules else ''}",
+        f"  dumps          {cfg.dumps.dir} (max {cfg.dumps.max_files} files, "
+        f"{format_bytes(cfg.dumps.max_bytes)})",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import load_config
+
+    # a ConfigError (unknown key, bad value, missing file, bad YAML) reaches main: one line, exit 2
+    cfg = load_config(args.file, environ=None if args.env else {})
+    print(f"ok: {args.file}")
+    print("\n".join(summary_lines(cfg)))
+    return 0

@@ -1,0 +1,138 @@
+"""Show the system, torch and its devices, NVML and the host allocator memprof-otel would read.
+
+Never fails on a missing part: an absent GPU, NVML or cgroup limit is reported as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+HELP = "system, torch, devices, NVML and allocator facts (what memprof-otel can measure here)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+
+
+def _system() -> dict[str, Any]:
+    import psutil
+
+    from ..sources.process import cgroup_memory_limit
+
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as f:
+            limit = cgroup_memory_limit(f.read())
+    except OSError:
+        limit = None
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    return {"python": platform.python_version(), "python_executable": sys.executable,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "cpus_usable": usable,
+            "memory_total_bytes": psutil.virtual_memory().total, "cgroup_memory_limit_bytes": limit}
+
+
+def _torch() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError as e:
+        return {"version": None, "error": str(e)}
+    from ..sources.cuda import _unavailable_reason, available_devices
+
+    devices = []
+    for i in available_devices():
+        try:
+            props = torch.cuda.get_device_properties(i)
+            devices.append({"index": i, "name": props.name, "total_bytes": int(props.total_memory)})
+        except Exception as e:  # noqa: BLE001 - a broken device is reported, not fatal
+            devices.append({"index": i, "error": f"{type(e).__name__}: {e}"})
+    return {"version": torch.__version__, "cuda_build": getattr(torch.version, "cuda", None),
+            "cuda_available": bool(devices), "cuda_device_count": len(devices),
+            "cuda_unavailable_reason": _unavailable_reason() if not devices else None,
+            "cuda_devices": devices, "num_threads": torch.get_num_threads()}
+
+
+def _nvml() -> dict[str, Any]:
+    from ..sources.nvml import NvmlSource, NvmlUnavailable
+
+    try:
+        src = NvmlSource()
+    except NvmlUnavailable as e:
+        return {"up": False, "reason": e.detail}
+    except Exception as e:  # noqa: BLE001 - same: a broken binding is a down source
+        return {"up": False, "reason": f"{type(e).__name__}: {e}"}
+    try:
+        return {"up": True, "devices": src.device_info()}
+    except Exception as e:  # noqa: BLE001
+        return {"up": False, "reason": f"{type(e).__name__}: {e}"}
+    finally:
+        src.close()
+
+
+def _allocator() -> dict[str, Any]:
+    from ..sources.glibc import HostAllocatorSource
+
+    probe = HostAllocatorSource.probe()  # the same answer as sources.glibc.backend(), plus why not
+    out: dict[str, Any] = {"backend": probe.backend, "figures": "mallinfo2" if probe.available else None}
+    if not probe.available:
+        out["reason"] = probe.reason
+    return out
+
+
+def collect() -> dict[str, Any]:
+    from .._version import __version__
+
+    return {"memprof_otel": __version__, "system": _system(), "torch": _torch(), "nvml": _nvml(),
+            "host_allocator": _allocator()}
+
+
+def _size(n: int | None) -> str:
+    from ..units import format_bytes
+
+    return "not set" if n is None else format_bytes(n)
+
+
+def format_text(d: dict[str, Any]) -> str:
+    s, t, n, a = d["system"], d["torch"], d["nvml"], d["host_allocator"]
+    lines = [f"memprof-otel {d['memprof_otel']}",
+             "system:",
+             f"  python           {s['python']} ({s['python_executable']})",
+             f"  platform         {s['platform']}",
+             f"  cpus             {s['cpu_count']} ({s['cpus_usable']} usable by this process)",
+             f"  memory total     {_size(s['memory_total_bytes'])}",
+             f"  cgroup limit     {_size(s['cgroup_memory_limit_bytes'])}",
+             "torch:"]
+    if t.get("version") is None:
+        lines.append(f"  not importable: {t.get('error')}")
+    else:
+        lines.append(f"  version          {t['version']} (CUDA build: {t['cuda_build'] or 'none'})")
+        if t["cuda_available"]:
+            lines.append(f"  cuda             {t['cuda_device_count']} device(s)")
+            for dev in t["cuda_devices"]:
+                desc = dev.get("error") or f"{dev['name']}, {_size(dev['total_bytes'])}"
+                lines.append(f"    cuda:{dev['index']}         {desc}")
+        else:
+            lines.append(f"  cuda             not available: {t['cuda_unavailable_reason']}")
+    lines.append("nvml:")
+    if n["up"]:
+        lines.append(f"  up               {len(n['devices'])} GPU(s)")
+        for dev in n["devices"]:
+            desc = dev.get("error") or (f"{dev['model']} ({dev['uuid']}), {_size(dev['total_bytes'])}, "
+                                        f"driver {dev['driver_version']}")
+            lines.append(f"    gpu {dev['index']}          {desc}")
+    else:
+        lines.append(f"  down             {n['reason']}")
+    figures = a["figures"] or f"none ({a.get('reason')})"
+    lines += ["host allocator:", f"  backend          {a['backend']}", f"  figures          {figures}"]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    d = collect()
+    print(json.dumps(d, indent=2) if args.json else format_text(d))
+    return 0

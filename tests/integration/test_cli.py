@@ -1,0 +1,307 @@
+"""The ``memprof-otel`` CLI run as users run it: a subprocess, against a real endpoint in another process."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from memprof_otel.cli import COMMANDS
+from tests.integration.demo_process import REPO, free_ports
+
+SPEEDSCOPE_SCHEMA = REPO.parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
+CONSOLE_SCRIPT = Path(sys.executable).parent / "memprof-otel"
+TOKEN = "s3cret-token"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# A real instrumented model with traffic and the embedded endpoint, in its own process. It exports a
+# timeline once some work has run, prints its URL, and serves until its stdin closes.
+SERVER_SCRIPT = textwrap.dedent('''
+    import sys, threading, time
+    from collections import OrderedDict
+    import torch
+    from torch import nn
+    import memprof_otel as mp
+
+    token, timeline = sys.argv[1], sys.argv[2]
+    mp.start_monitoring({"sampler": {"interval": "100ms"}})
+    mp.mark_operation("load")
+    model = nn.Sequential(OrderedDict(encoder=nn.Linear(64, 256), act=nn.ReLU(),
+                                      decoder=nn.Linear(256, 64))).eval()
+    h = mp.instrument(model, name="tinynet", every_n_forwards=1, overhead_budget=1.0)
+    srv = mp.serve(port=0, token=token)
+    mp.mark_operation("serve")
+    stop = threading.Event()
+
+    def traffic():
+        while not stop.is_set():
+            with mp.operation("step"), torch.inference_mode():
+                model(torch.randn(32, 64))
+            stop.wait(0.02)
+
+    threading.Thread(target=traffic, daemon=True).start()
+    time.sleep(0.6)
+    h.export_timeline(timeline)
+    print(srv.url, flush=True)
+    sys.stdin.read()
+    stop.set()
+    mp.shutdown()
+''')
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+        exe: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    full_env.update(env or {})
+    cmd = (exe or [sys.executable, "-m", "memprof_otel.cli"]) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stderr.strip("\n").split("\n")
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("memprof-otel: error: "), lines[0]
+    assert "Traceback" not in proc.stderr
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(endpoint URL with TOKEN, timeline the server exported) of a served, busy model."""
+    folder = tmp_path_factory.mktemp("live")
+    script = folder / "serve_model.py"
+    script.write_text(SERVER_SCRIPT)
+    timeline = folder / "exported-timeline.json"
+    proc = subprocess.Popen([sys.executable, str(script), TOKEN, str(timeline)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 90)
+        line = proc.stdout.readline().strip() if ready else ""
+        if not line.startswith("http://"):
+            proc.kill()
+            pytest.fail(f"the helper server did not start: {line!r}\n{proc.stderr.read()}")
+        yield line, timeline
+    finally:
+        if proc.poll() is None:
+            proc.stdin.close()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# ---------------------------------------------------------------- help, version, console script
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_for_every_subcommand(command: str | None) -> None:
+    proc = cli(*([command] if command else []), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: memprof-otel{' ' + command if command else ''}")
+    if command is None:
+        assert all(name in proc.stdout for name in COMMANDS)
+
+
+def test_version_and_usage_errors() -> None:
+    from memprof_otel import __version__
+
+    assert cli("--version").stdout.strip() == f"memprof-otel {__version__}"
+    proc = cli("no-such-command")
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason=f"no installed console script at {CONSOLE_SCRIPT}")
+def test_installed_console_script_runs(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("sampler: {interval: 2s}\n")
+    assert cli("--version", exe=[str(CONSOLE_SCRIPT)]).returncode == 0
+    proc = cli("check-config", str(good), exe=[str(CONSOLE_SCRIPT)])
+    assert proc.returncode == 0 and proc.stdout.startswith(f"ok: {good}")
+    assert_one_line_error(cli("check-config", str(tmp_path / "nope.yaml"), exe=[str(CONSOLE_SCRIPT)]), 2, "nope.yaml")
+
+
+# ---------------------------------------------------------------- check-config
+
+GOOD_CONFIG = """\
+service_name: my-inference
+sampler: {interval: 500ms}
+attribution: {overhead_budget: 0.01, window: 30s, exclude: ["*.dropout"]}
+http: {port: 9500, token: abc}
+dumps: {max_bytes: 256MiB}
+watchdog:
+  rules:
+    - {name: rss_high, metric: memprof_process_resident_memory_bytes, op: ">", threshold: 20GiB, for: 1m,
+       severity: critical, actions: [log, dump]}
+"""
+
+
+def test_check_config_accepts_a_good_file_and_summarises_it(tmp_path: Path) -> None:
+    path = tmp_path / "memprof.yaml"
+    path.write_text(GOOD_CONFIG)
+    proc = cli("check-config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == f"ok: {path}"
+    assert "my-inference" in proc.stdout and "rss_high" in proc.stdout and "20.0 GiB" in proc.stdout
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize("content, fragments", [
+    ("sampler:\n  intervall: 1s\n", ["sampler.intervall", "unknown key"]),
+    ("bogus_section: {a: 1}\n", ["bogus_section", "unknown"]),
+    ("dumps:\n  max_bytes: 20GB?\n", ["dumps.max_bytes", "20GB?"]),
+    ("watchdog:\n  rules:\n    - {name: r, metric: memprof_process_resident_memory_bytes, op: '>', "
+     "threshold: '20GB?'}\n", ["watchdog.rules[0].threshold", "20GB?"]),
+    ("watchdog:\n  rules:\n    - {name: r, metric: memprof_process_resident_memory_bytes, op: '=>', "
+     "threshold: 1GiB}\n", ["watchdog.rules[0].op", "=>"]),
+    ("sampler: {interval: 1s\nhttp: [\n", ["not valid YAML"]),
+], ids=["unknown-key", "unknown-section", "bad-unit", "bad-rule-threshold-unit", "bad-rule-op", "yaml-syntax"])
+def test_check_config_rejects_a_bad_file_in_one_line_naming_the_key(tmp_path: Path, content: str,
+                                                                     fragments: list[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    proc = cli("check-config", str(path))
+    assert_one_line_error(proc, 2, *fragments)
+    assert proc.stdout == ""
+
+
+def test_check_config_missing_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    assert_one_line_error(cli("check-config", str(tmp_path / "missing.yaml")), 2, "missing.yaml", "cannot read")
+
+
+def test_check_config_env_flag_applies_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "memprof.yaml"
+    path.write_text(GOOD_CONFIG)
+    env = {"MEMPROF_OTEL_SAMPLER_INTERVAL": "0"}
+    assert cli("check-config", str(path), env=env).returncode == 0  # the file alone is fine
+    assert_one_line_error(cli("check-config", "--env", str(path), env=env), 2, "MEMPROF_OTEL_SAMPLER_INTERVAL")
+
+
+def test_debug_variable_shows_the_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("sampler:\n  intervall: 1s\n")
+    proc = cli("check-config", str(path), env={"MEMPROF_OTEL_DEBUG": "1"})
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+# ---------------------------------------------------------------- info
+
+def test_info_json_describes_this_host() -> None:
+    proc = cli("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    d = json.loads(proc.stdout)
+    import torch
+
+    assert d["torch"]["version"] == torch.__version__
+    assert d["torch"]["cuda_available"] == torch.cuda.is_available()
+    assert d["system"]["cpu_count"] == os.cpu_count() and d["system"]["memory_total_bytes"] > 0
+    assert d["nvml"]["up"] or d["nvml"]["reason"]
+    assert d["host_allocator"]["backend"] in ("glibc", "jemalloc", "tcmalloc", "unknown")
+
+
+def test_info_text_names_every_part() -> None:
+    proc = cli("info")
+    assert proc.returncode == 0, proc.stderr
+    for part in ("system:", "torch:", "nvml:", "host allocator:", "cgroup limit", "memory total"):
+        assert part in proc.stdout
+
+
+# ---------------------------------------------------------------- dump
+
+@pytest.mark.timeout(180)
+def test_dump_downloads_a_valid_speedscope_file(live: tuple[str, Path], tmp_path: Path) -> None:
+    import jsonschema
+
+    url, _ = live
+    out = tmp_path / "capture.speedscope.json"
+    proc = cli("dump", "--url", url, "--token", TOKEN, "-o", str(out), "--forwards", "2", "--timeout", "30")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stdout
+    doc = json.loads(out.read_text())
+    jsonschema.Draft7Validator(json.loads(SPEEDSCOPE_SCHEMA.read_text())).validate(doc)
+    frames = {f["name"] for f in doc["shared"]["frames"]}
+    assert {"encoder", "decoder"} <= frames
+    assert not list(tmp_path.glob(".memprof-*"))  # no temp file left behind
+
+
+def test_dump_with_a_wrong_token_is_one_line_exit_1(live: tuple[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "never.json"
+    proc = cli("dump", "--url", live[0], "--token", "wrong", "-o", str(out))
+    assert_one_line_error(proc, 1, "401", "unauthorized")
+    assert not out.exists()
+
+
+def test_dump_of_an_unknown_model_names_it(live: tuple[str, Path], tmp_path: Path) -> None:
+    proc = cli("dump", "--url", live[0], "--token", TOKEN, "--model", "nope", "-o", str(tmp_path / "x.json"))
+    assert_one_line_error(proc, 1, "404", "nope", "tinynet")
+
+
+def test_dump_to_an_unreachable_url_is_one_line_exit_1(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    proc = cli("dump", "--url", f"http://127.0.0.1:{port}", "-o", str(tmp_path / "x.json"), "--timeout", "2")
+    assert_one_line_error(proc, 1, "cannot reach", str(port))
+
+
+# ---------------------------------------------------------------- analyze
+
+def test_analyze_an_exported_timeline_prints_layers_and_report_and_plots(live: tuple[str, Path],
+                                                                         tmp_path: Path) -> None:
+    _, timeline = live
+    png = tmp_path / "plot.png"
+    proc = cli("analyze", str(timeline), "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert "LAYERS: model 'tinynet'" in proc.stdout
+    assert "encoder" in proc.stdout and "decoder" in proc.stdout
+    assert "MEMPROF-OTEL MEMORY REPORT" in proc.stdout
+    assert "RSS (Physical)" in proc.stdout and " - load " in proc.stdout and " - step " in proc.stdout
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_analyze_reads_what_get_v1_timeline_answers(live: tuple[str, Path], tmp_path: Path) -> None:
+    url, _ = live
+    req = urllib.request.Request(url + "/v1/timeline", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        path = tmp_path / "v1-timeline.json"
+        path.write_bytes(r.read())
+    proc = cli("analyze", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "LAYERS" not in proc.stdout  # no layer summary in this form
+    assert "MEMPROF-OTEL MEMORY REPORT" in proc.stdout and " - step " in proc.stdout
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", '{"samples": [{"no_t": 1}]}', ""],
+                         ids=["syntax", "not-a-timeline", "malformed-sample", "empty"])
+def test_analyze_garbage_is_one_line_exit_2(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "garbage.json"
+    path.write_text(content)
+    assert_one_line_error(cli("analyze", str(path)), 2, "garbage.json")
+
+
+# ---------------------------------------------------------------- monitor
+
+def test_monitor_once_shows_memory_layers_alerts_and_sampler(live: tuple[str, Path]) -> None:
+    proc = cli("monitor", "--url", live[0], "--token", TOKEN, "--once")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "RSS " in out and "allocator cpu" in out
+    assert "tinynet" in out and "encoder" in out and "decoder" in out
+    assert "alerts:" in out and "sampler: running" in out
+    assert "\x1b[2J" not in out  # --once prints a plain frame
+
+
+def test_monitor_without_the_token_is_one_line_exit_1(live: tuple[str, Path]) -> None:
+    assert_one_line_error(cli("monitor", "--url", live[0], "--once"), 1, "401")
+
+
+def test_monitor_an_unreachable_url_is_one_line_exit_1() -> None:
+    (port,) = free_ports(1)
+    assert_one_line_error(cli("monitor", "--url", f"http://127.0.0.1:{port}", "--once"), 1, "cannot reach")

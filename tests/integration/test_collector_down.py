@@ -1,0 +1,181 @@
+"""A dead or slow OTLP collector costs counted export errors, nothing else: forwards keep their
+speed, shutdown stays bounded, and a process exits promptly after its work."""
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import memprof_otel as mp
+from memprof_otel.runtime import runtime
+
+from .test_otlp_receiver import OtlpReceiver
+
+REPO = Path(__file__).resolve().parents[2]
+WARMUP, ITERS = 30, 300
+ATTRIBUTION = {"every_n_forwards": 1, "overhead_budget": 1.0, "window": "1s"}
+_OTEL_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+              "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_SDK_DISABLED")
+
+
+def closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there any more: connections are refused
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def otel_env(monkeypatch):
+    for var in _OTEL_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # spans are exported (and fail) often too
+    return monkeypatch
+
+
+@pytest.fixture
+def slow_receiver():
+    r = OtlpReceiver(delay=10.0)
+    yield r
+    r.close()
+
+
+def config(endpoint: str | None) -> dict:
+    otel = {"export_interval": "100ms", "export_timeout": "300ms"}
+    if endpoint:
+        otel["endpoint"] = endpoint
+    return {"sampler": {"interval": "50ms"}, "otel": otel}
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+
+def median_forward(model: nn.Module) -> float:
+    """Median seconds of one forward inside an operation (span, metrics, attribution included)."""
+    x = torch.randn(64, 256)
+    times = []
+    with torch.no_grad():
+        for i in range(WARMUP + ITERS):
+            t0 = time.perf_counter()
+            with mp.operation("forward"):
+                model(x)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_forwards(cfg: dict) -> float:
+    mp.start_monitoring(cfg)
+    model = make_model()
+    h = mp.instrument(model, name="timed", attribution=ATTRIBUTION)
+    threads = torch.get_num_threads()
+    # one intra-op thread: on a small CI box a pool thread preempted by any background thread
+    # (ours or not) stalls a forward for a scheduler tick, which is noise, not what we measure
+    torch.set_num_threads(1)
+    try:
+        return median_forward(model)
+    finally:
+        torch.set_num_threads(threads)
+        h.uninstrument()
+
+
+def compare(cfg: dict, rounds: int = 3) -> tuple[float, float]:
+    """(best median without OTLP, best median with ``cfg``), measured in alternation; the runtime
+    is left running with ``cfg``."""
+    base, other = [], []
+    for i in range(rounds):
+        base.append(run_forwards(config(None)))
+        assert runtime().otel is not None and runtime().otel.endpoint is None
+        mp.shutdown(2)
+        other.append(run_forwards(cfg))
+        if i < rounds - 1:
+            mp.shutdown(2)
+    return min(base), min(other)
+
+
+def assert_counted_and_bounded(errors_before: dict) -> None:
+    rt = runtime()
+    assert rt.otel is not None and rt.otel.endpoint is not None
+    grew = lambda k: rt.export_errors.get(k, 0) - errors_before.get(k, 0)  # noqa: E731
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (grew("otlp_metrics") < 2 or grew("otlp_traces") < 1):
+        time.sleep(0.05)
+    assert grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, dict(rt.export_errors)
+    exported = dict((lab["exporter"], v) for lab, v in rt.series(max_age_s=0)["memprof_export_errors_total"])
+    assert exported["otlp_metrics"] == rt.export_errors["otlp_metrics"]
+    assert rt.sampler is not None and rt.sampler.running  # the sampler never noticed
+    t0 = time.monotonic()
+    assert mp.shutdown(3) is True  # the final flush gave up in time: no exporter left running
+    assert time.monotonic() - t0 < 4.5
+
+
+@pytest.mark.timeout(90)
+def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
+    before = dict(runtime().export_errors)
+    base, down = compare(config(closed_port_url()))
+    assert down <= 1.5 * base + 0.002, f"median forward {down * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
+    assert_counted_and_bounded(before)
+
+
+@pytest.mark.timeout(90)
+def test_slow_collector_keeps_forwards_fast_and_counts_errors(otel_env, slow_receiver):
+    before = dict(runtime().export_errors)
+    base, slow = compare(config(slow_receiver.url))
+    assert slow <= 1.5 * base + 0.002, f"median forward {slow * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
+    assert_counted_and_bounded(before)
+
+
+_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import torch
+    from torch import nn
+    import memprof_otel as mp
+
+    mp.start_monitoring({"sampler": {"interval": "50ms"},
+                         "otel": {"endpoint": sys.argv[1], "export_interval": "200ms"}})
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    mp.instrument(model, name="m")
+    end = time.monotonic() + 1.0
+    n = 0
+    while time.monotonic() < end:
+        with mp.operation("request"):
+            model(torch.randn(4, 8))
+        n += 1
+    print("done", n, flush=True)
+    # no explicit shutdown: the atexit one must be bounded
+""")
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("collector", ["dead", "slow"])
+def test_process_exits_promptly_with_a_bad_collector(collector, slow_receiver):
+    url = closed_port_url() if collector == "dead" else slow_receiver.url
+    env = {k: v for k, v in os.environ.items() if k not in _OTEL_VARS}
+    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, url], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = proc.stdout.readline()
+        finished = time.monotonic()
+        proc.wait(timeout=60)
+        exit_after = time.monotonic() - finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read()
+    assert line.startswith("done "), stderr[-2000:]
+    assert int(line.split()[1]) > 0
+    assert proc.returncode == 0, stderr[-2000:]
+    assert exit_after < 10.0, f"exit took {exit_after:.1f} s after the work ended"

@@ -1,0 +1,124 @@
+"""The examples, run for real: the demo server (MiniLM, real weights) and the GPT-2 generation script."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.integration.demo_process import REPO, parse, running_demo, value
+
+SPEEDSCOPE_SCHEMA = REPO.parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
+
+# families the demo must export on a CPU host within seconds (GPU and cgroup-limit ones need those)
+DEMO_FAMILIES = [
+    "memprof_layer_peak_increase_bytes", "memprof_layer_peak_allocated_bytes", "memprof_layer_retained_bytes",
+    "memprof_layer_fragmentation_ratio", "memprof_layer_forward_seconds_count",
+    "memprof_allocator_allocated_bytes", "memprof_allocator_reserved_bytes", "memprof_allocator_fragmentation_ratio",
+    "memprof_process_resident_memory_bytes", "memprof_process_virtual_memory_bytes",
+    "memprof_process_cpu_utilization_ratio", "memprof_process_io_read_bytes_total",
+    "memprof_operation_duration_seconds_count", "memprof_operation_memory_peak_bytes_bucket",
+    "memprof_operation_memory_delta_bytes", "memprof_alert_active", "memprof_watchdog_threshold",
+    "memprof_watchdog_alerts_total", "memprof_overhead_seconds_total", "memprof_source_up",
+    "memprof_sampler_duration_seconds", "memprof_sampler_last_success_timestamp_seconds", "memprof_build_info",
+]
+
+
+def post_json(url: str, doc: object, timeout: float = 60.0) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_demo_exports_every_family_serves_embeddings_and_stops_cleanly(tmp_path: Path) -> None:
+    # GIVEN the demo under its synthetic traffic (ready = MiniLM layers and embed operations exported)
+    with running_demo(tmp_path) as demo:
+        # WHEN we scrape it
+        s = parse(demo.metrics())
+
+        # THEN every family has data: MiniLM's layers, the embed operation, allocator, process, watchdog
+        missing = [f for f in DEMO_FAMILIES if not s.get(f)]
+        assert not missing, f"families without data: {missing}\n{demo.logs()}"
+        layers = {lab["layer"] for lab, _ in s["memprof_layer_peak_increase_bytes"] if lab["model"] == "minilm"}
+        assert {"encoder.layer.0", "encoder.layer.5.attention.self.query", "embeddings"} <= layers
+        assert max(v for lab, v in s["memprof_layer_peak_increase_bytes"] if lab["model"] == "minilm") > 0
+        assert (value(s, "memprof_operation_duration_seconds_count", operation="embed") or 0) > 0
+        assert (value(s, "memprof_allocator_allocated_bytes", device="cpu") or 0) > 50e6  # 90 MB of weights
+        assert (value(s, "memprof_process_resident_memory_bytes") or 0) > 100e6
+        assert {lab["rule"] for lab, _ in s["memprof_watchdog_threshold"]} >= {"rss_near_limit", "sampler_slow"}
+
+        # AND the app answers with 384-dim unit vectors
+        texts = ["memory per layer", "a much longer sentence about where inference memory goes in a server"]
+        doc = post_json(demo.app_url + "/embed", {"texts": texts})
+        assert doc["dim"] == 384 and len(doc["embeddings"]) == 2
+        for vec in doc["embeddings"]:
+            assert len(vec) == 384
+            assert math.isclose(math.sqrt(sum(x * x for x in vec)), 1.0, rel_tol=1e-4)
+        assert doc["embeddings"][0] != doc["embeddings"][1]
+
+        # WHEN it is told to stop (SIGTERM)
+        code, seconds = demo.stop()
+
+    # THEN it exits 0, quickly
+    assert code == 0, demo.logs()
+    assert seconds < 10.0
+    assert "Traceback" not in demo.logs()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_demo_with_two_workers_gives_each_worker_its_own_endpoint(tmp_path: Path) -> None:
+    # GIVEN the demo with two worker processes sharing the app port
+    with running_demo(tmp_path, extra_args=["--workers", "2"]) as demo:  # ready: worker 0 has traffic
+        port = int(demo.endpoint_url.rsplit(":", 1)[1])
+        second = f"http://127.0.0.1:{port + 1}"
+
+        # WHEN both endpoints are read (worker 1 may still be loading its model)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(second + "/metrics", timeout=10) as r:
+                    s1 = parse(r.read().decode())
+                if s1.get("memprof_layer_peak_increase_bytes"):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"worker 1 never exported layers\n{demo.logs()}"
+            time.sleep(0.5)
+        with urllib.request.urlopen(second + "/v1/status", timeout=10) as r:
+            status1 = json.loads(r.read())
+        with urllib.request.urlopen(demo.endpoint_url + "/v1/status", timeout=10) as r:
+            status0 = json.loads(r.read())
+
+        # THEN each is a process of its own with its own instrumented MiniLM
+        assert [m["name"] for m in status0["models"]] == ["minilm"]
+        assert [m["name"] for m in status1["models"]] == ["minilm"]
+        assert status0["started_unix"] != status1["started_unix"]
+        code, seconds = demo.stop(timeout=15.0)
+    assert code == 0, demo.logs()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_generate_gpt2_example_writes_plot_speedscope_and_timeline(tmp_path: Path) -> None:
+    import jsonschema
+
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "generate_gpt2.py"), "--out", str(tmp_path),
+                           "--new-tokens", "8"], capture_output=True, text=True, timeout=170, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "memprof-otel summary: model 'gpt2'" in proc.stdout
+    assert "MEMPROF-OTEL MEMORY REPORT" in proc.stdout and "generate" in proc.stdout
+    assert (tmp_path / "gpt2-memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((tmp_path / "gpt2-capture.speedscope.json").read_text())
+    jsonschema.Draft7Validator(json.loads(SPEEDSCOPE_SCHEMA.read_text())).validate(doc)
+    assert any(f["name"].startswith("transformer.h.") for f in doc["shared"]["frames"])
+    timeline = json.loads((tmp_path / "gpt2-timeline.json").read_text())
+    assert timeline["samples"] and any(o["name"] == "generate" for o in timeline["operations"])

@@ -1,0 +1,213 @@
+"""OTLP/HTTP export to a real receiver running in the test: spans per operation, the catalog's
+metrics, the resource, and the ``OTEL_EXPORTER_OTLP_ENDPOINT`` path."""
+from __future__ import annotations
+
+import gzip
+import threading
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest, ExportTraceServiceResponse)
+from torch import nn
+
+import memprof_otel as mp
+from memprof_otel.runtime import runtime
+
+_SIGNALS = {
+    "/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse),
+    "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse),
+}
+
+
+class OtlpReceiver:
+    """A minimal OTLP/HTTP (protobuf) collector on 127.0.0.1; ``delay`` makes every request slow."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.requests: dict[str, list] = {p: [] for p in _SIGNALS}
+        self.bad: list[str] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                enc = (self.headers.get("Content-Encoding") or "").lower()
+                if enc == "gzip":
+                    body = gzip.decompress(body)
+                elif enc == "deflate":
+                    body = zlib.decompress(body)
+                if receiver.delay:
+                    time.sleep(receiver.delay)
+                kinds = _SIGNALS.get(self.path)
+                if kinds is None:
+                    receiver.bad.append(self.path)
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                req = kinds[0]()
+                req.ParseFromString(body)
+                with receiver.lock:
+                    receiver.requests[self.path].append(req)
+                out = kinds[1]().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-receiver", daemon=True)
+        self._thread.start()
+
+    def got(self, path: str) -> list:
+        with self.lock:
+            return list(self.requests[path])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = OtlpReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def clean_otel_env(monkeypatch):
+    for var in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def attrs(kvs) -> dict:
+    out = {}
+    for kv in kvs:
+        which = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, which) if which else None
+    return out
+
+
+def spans_of(reqs) -> list[tuple[dict, object]]:
+    """(resource attributes, span) for every span received."""
+    return [(attrs(rs.resource.attributes), span)
+            for req in reqs for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
+def metrics_of(reqs) -> list[tuple[dict, object]]:
+    return [(attrs(rm.resource.attributes), m)
+            for req in reqs for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics]
+
+
+def wait_for(pred, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def small_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+ATTRIBUTION = {"window": "1s", "every_n_forwards": 1, "overhead_budget": 1.0}
+
+
+@pytest.mark.timeout(60)
+def test_spans_metrics_and_resource_reach_a_real_otlp_receiver(receiver, clean_otel_env):
+    # GIVEN monitoring that exports to the receiver every 200 ms
+    errors_before = dict(runtime().export_errors)
+    mp.start_monitoring({"service_name": "memprof-it", "sampler": {"interval": "50ms"},
+                         "otel": {"endpoint": receiver.url, "protocol": "http/protobuf",
+                                  "export_interval": "200ms"}})
+    model = small_model()
+    mp.instrument(model, name="seq", attribution=ATTRIBUTION)
+    # WHEN operations run forwards
+    with torch.no_grad():
+        with mp.operation("load", model="seq") as load:
+            model(torch.randn(16, 8))
+        with mp.operation("generate") as gen:
+            for _ in range(3):
+                with mp.operation("step"):
+                    model(torch.randn(16, 8))
+    # metrics arrive periodically, before any shutdown, the layers' figures included
+    assert wait_for(lambda: "memprof.layer.peak_increase" in
+                    {m.name for _, m in metrics_of(receiver.got("/v1/metrics"))})
+    t0 = time.monotonic()
+    assert mp.shutdown(5) is True
+    assert time.monotonic() - t0 < 5.5
+    assert not receiver.bad
+
+    # THEN every operation is a span with its memory figures
+    spans = spans_of(receiver.got("/v1/traces"))
+    names = sorted(s.name for _, s in spans)
+    assert names == ["generate", "load", "step", "step", "step"]
+    by = {}
+    for res, s in spans:
+        a = attrs(s.attributes)
+        assert a["memprof.memory.peak_bytes"] > 0
+        assert isinstance(a["memprof.memory.delta_bytes"], int)
+        by.setdefault(s.name, []).append((res, s, a))
+    (_, load_span, load_attrs), = by["load"]
+    assert load_attrs["memprof.memory.peak_bytes"] == load.peak_bytes
+    assert load_attrs["memprof.memory.delta_bytes"] == load.delta_bytes
+    assert load_attrs["memprof.model"] == "seq"
+    (_, gen_span, _), = by["generate"]
+    assert all(s.parent_span_id == gen_span.span_id and s.trace_id == gen_span.trace_id
+               for _, s, _ in by["step"])
+    assert gen.trace_id == gen_span.trace_id.hex()
+
+    # the resource names the service and this worker
+    metrics = metrics_of(receiver.got("/v1/metrics"))
+    resources = [res for res, _ in spans] + [res for res, _ in metrics]
+    assert all(r["service.name"] == "memprof-it" for r in resources)
+    ids = {r.get("service.instance.id") for r in resources}
+    assert len(ids) == 1 and ids.pop()
+
+    # the catalog's metrics arrived, with their data
+    names = {m.name for _, m in metrics}
+    assert {"memprof.process.resident_memory", "memprof.layer.peak_increase",
+            "memprof.operation.duration", "process.memory.usage"} <= names
+    last = {m.name: m for _, m in metrics}  # cumulative: the last export has everything
+    rss = last["memprof.process.resident_memory"]
+    (point,) = rss.gauge.data_points
+    assert rss.unit == "By" and getattr(point, point.WhichOneof("value")) > 0
+    layers = {attrs(p.attributes)["layer"] for p in last["memprof.layer.peak_increase"].gauge.data_points}
+    assert layers == {"", "0", "1", "2"}
+    dur = {attrs(p.attributes)["operation"]: p.count for p in last["memprof.operation.duration"].histogram.data_points}
+    assert dur == {"load": 1, "generate": 1, "step": 3}
+    assert dict(runtime().export_errors) == errors_before  # every export succeeded
+
+
+@pytest.mark.timeout(60)
+def test_the_standard_endpoint_variable_is_honoured(receiver, clean_otel_env):
+    clean_otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    mp.start_monitoring({"service_name": "from-env", "sampler": {"interval": "50ms"},
+                         "otel": {"export_interval": "200ms"}})
+    assert runtime().config.otel.endpoint is None
+    with mp.operation("env-op"):
+        time.sleep(0.01)
+    assert wait_for(lambda: receiver.got("/v1/metrics"))
+    assert mp.shutdown(5) is True
+    spans = spans_of(receiver.got("/v1/traces"))
+    assert [s.name for _, s in spans] == ["env-op"]
+    assert spans[0][0]["service.name"] == "from-env"
+    assert "memprof.process.resident_memory" in {m.name for _, m in metrics_of(receiver.got("/v1/metrics"))}
