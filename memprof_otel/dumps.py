@@ -100,7 +100,11 @@ class DumpService:
     def capture_all(self, reason: str, forwards: int = 1, timeout: float = 60.0) -> list[DumpInfo]:
         """The watchdog's dump action: capture every live model (errors counted and logged)."""
         out = []
-        for name in sorted(live_instrumentations()):
+        live = sorted(live_instrumentations())
+        if not live:
+            runtime().count_dump("speedscope", "no_model")
+            rate_limited.warning("dump-all", "memprof_otel: dump for %s skipped: no model is instrumented", reason)
+        for name in live:
             try:
                 out.append(self.capture(name, forwards, timeout, reason))
             except MemprofError as e:

@@ -1,7 +1,8 @@
 """Transports for the endpoint: a small threaded server (``serve``) and WSGI / ASGI adapters.
 
-Bodies larger than the cap are refused from ``Content-Length`` before a byte is read; a body
-without a length is read up to the cap plus one byte. The server binds 127.0.0.1 by default.
+Bodies larger than the cap are refused from ``Content-Length`` before a byte is read. WSGI has no
+body without a length (wsgiref does not do chunked requests), so none is read then; the ASGI adapter
+reads a length-less body up to the cap plus one byte. The server binds 127.0.0.1 by default.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _too_large(limit: int) -> Response:
 
 
 def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> bytes | None:
-    """The body, or None when it is over ``limit`` (never reads more than limit + 1 bytes)."""
+    """The body, or None when its Content-Length is over ``limit`` (nothing is read then)."""
     if length:
         try:
             n = int(length)

@@ -382,6 +382,11 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
     """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
     if not isinstance(model, nn.Module):
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
+    if config is None:
+        # a config given to start_monitoring() is the process's: models instrumented later use it
+        from .runtime import runtime
+
+        config = runtime().config
     if isinstance(config, Config) and not overrides:
         cfg = config
     else:

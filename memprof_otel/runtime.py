@@ -188,6 +188,7 @@ class Runtime:
                 self._series_cache = None
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
+            self.config = None  # the next start takes the config it is given afresh
         return ok
 
     # ---- counters --------------------------------------------------------------------------

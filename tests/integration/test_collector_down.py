@@ -18,7 +18,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .test_otlp_receiver import OtlpReceiver
+from .otlp_receiver import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 WARMUP, ITERS = 30, 300

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.demo_process import REPO, parse, running_demo, value
+from tests.integration.otlp_receiver import OtlpReceiver, metrics_of
 
 SPEEDSCOPE_SCHEMA = REPO.parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
 
@@ -76,8 +77,11 @@ def test_demo_exports_every_family_serves_embeddings_and_stops_cleanly(tmp_path:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_demo_with_two_workers_gives_each_worker_its_own_endpoint(tmp_path: Path) -> None:
-    # GIVEN the demo with two worker processes sharing the app port
-    with running_demo(tmp_path, extra_args=["--workers", "2"]) as demo:  # ready: worker 0 has traffic
+    # GIVEN the demo with two worker processes sharing the app port, both also pushing OTLP to a
+    # real receiver (the scale-out path: one collector, worker-unique service.instance.id)
+    receiver = OtlpReceiver()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "MEMPROF_OTEL_OTEL_EXPORT_INTERVAL": "1s"}
+    with running_demo(tmp_path, extra_args=["--workers", "2"], env=env) as demo:  # ready: worker 0 has traffic
         port = int(demo.endpoint_url.rsplit(":", 1)[1])
         second = f"http://127.0.0.1:{port + 1}"
 
@@ -102,7 +106,20 @@ def test_demo_with_two_workers_gives_each_worker_its_own_endpoint(tmp_path: Path
         assert [m["name"] for m in status0["models"]] == ["minilm"]
         assert [m["name"] for m in status1["models"]] == ["minilm"]
         assert status0["started_unix"] != status1["started_unix"]
+
+        # AND both workers reach the collector as distinct instances of one service, with layer metrics
+        def layer_instances() -> set[str]:
+            return {res.get("service.instance.id") for res, m in metrics_of(receiver.got("/v1/metrics"))
+                    if m.name == "memprof.layer.peak_increase"}
+        deadline = time.monotonic() + 60
+        while len(layer_instances()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        instances = layer_instances()
+        services = {res.get("service.name") for res, _ in metrics_of(receiver.got("/v1/metrics"))}
         code, seconds = demo.stop(timeout=15.0)
+    receiver.close()
+    assert len(instances) == 2 and None not in instances, instances
+    assert len(services) == 1, services
     assert code == 0, demo.logs()
 
 

@@ -1,0 +1,108 @@
+"""A real Prometheus scrapes the endpoint of an instrumented model under traffic: every SPEC metric
+family that can exist on this host is stored and queryable; the GPU families are absent."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import memprof_otel as mp
+from memprof_otel.metric_names import METRICS, MetricDef
+from memprof_otel.sources.process import cgroup_memory_limit
+
+from .models import Tree
+from .prom_server import free_port, running_prometheus
+
+# No GPU on this host (CPU torch, no NVML): these families need one and must not be exported.
+NEEDS_GPU = {d.prom for d in METRICS if d.prom.startswith("memprof_gpu_")}
+# Exported only when the process's cgroup sets a memory limit (SPEC: "cgroup limit, when set").
+WHEN_LIMIT_SET = "memprof_process_memory_limit_bytes"
+
+
+def promql(d: MetricDef) -> str:
+    """The series Prometheus stores for a family (histograms and summaries: their ``_count``)."""
+    return f"{d.prom}_count" if d.kind in ("histogram", "summary") else d.prom
+
+
+class Traffic(threading.Thread):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(name="test-traffic", daemon=True)
+        self.model, self.stop, self.errors = model, threading.Event(), []
+
+    def run(self) -> None:
+        x = torch.randn(4, 8)
+        while not self.stop.is_set():
+            try:
+                with mp.operation("generate"):
+                    self.model(x)
+                with mp.operation("embed"):
+                    self.model(x)
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(e)
+            self.stop.wait(0.01)
+
+
+@pytest.mark.timeout(90)
+def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
+    # GIVEN a model under traffic with operations, a watchdog rule that fires and dumps (the model is
+    # live before the rule can fire), and an OTLP endpoint nobody listens on (its export errors are
+    # counted, nothing else)
+    model = Tree()
+    mp.instrument(model, name="tree", every_n_forwards=1, overhead_budget=1.0)
+    mp.start_monitoring({
+        "sampler": {"interval": "100ms"},
+        "dumps": {"dir": str(tmp_path / "dumps")},
+        "otel": {"endpoint": f"http://127.0.0.1:{free_port()}", "export_interval": "200ms",
+                 "export_timeout": "200ms"},
+        "watchdog": {"rules": [{"name": "rss_any", "metric": "memprof_process_resident_memory_bytes",
+                                "op": ">", "threshold": 1, "severity": "info", "actions": ["log", "dump"]}]},
+    })
+    srv = mp.serve(port=0)
+    traffic = Traffic(model)
+    traffic.start()
+    limit = cgroup_memory_limit(Path("/proc/self/cgroup").read_text())
+    try:
+        # WHEN a real Prometheus scrapes the endpoint every second
+        with running_prometheus([f"127.0.0.1:{srv.port}"], tmp_path) as prom:
+            [up] = prom.query_until('up{job="memprof"} == 1', timeout=30, what="a successful scrape")
+            assert up["metric"]["instance"] == f"127.0.0.1:{srv.port}"
+            # THEN every family that can exist here has series
+            expected = [d for d in METRICS if d.prom not in NEEDS_GPU and (d.prom != WHEN_LIMIT_SET or limit)]
+            deadline = time.monotonic() + 40
+            missing = [d.prom for d in expected]
+            while missing and time.monotonic() < deadline:
+                missing = [d.prom for d in expected if not prom.query(promql(d))]
+                if missing:
+                    time.sleep(0.5)
+            assert not missing, f"families Prometheus never stored: {missing}\n{prom.log_tail()}"
+
+            # with the labels SPEC gives them (an empty value, the root layer "", is no label in Prometheus)
+            for d in expected:
+                for r in prom.query(promql(d)):
+                    labels = set(r["metric"]) - {"__name__", "instance", "job"}
+                    assert labels <= set(d.labels) | {"le", "quantile"}, (d.prom, labels)
+                    assert set(d.labels) - labels <= {"layer"}, (d.prom, r["metric"])
+            layers = {r["metric"].get("layer", "") for r in prom.query('memprof_layer_peak_increase_bytes{model="tree"}')}
+            assert layers == {p for p, _ in model.named_modules()}
+            ops = {r["metric"]["operation"] for r in prom.query("memprof_operation_duration_seconds_count")}
+            assert ops == {"generate", "embed"}
+            assert float(prom.query('memprof_alert_active{rule="rss_any"}')[0]["value"][1]) == 1.0
+            assert prom.query('memprof_dumps_total{format="speedscope",result="ok"} >= 1')
+            assert prom.query('memprof_export_errors_total{exporter="otlp_metrics"} >= 1')
+            assert prom.query('memprof_process_resident_memory_bytes > 0')
+            if limit:
+                assert float(prom.query(WHEN_LIMIT_SET)[0]["value"][1]) == limit
+            else:
+                assert prom.query(WHEN_LIMIT_SET) == [], "no cgroup memory limit here: the family must be absent"
+
+            # AND the GPU families are absent (no GPU here), with NVML reported down
+            for name in sorted(NEEDS_GPU):
+                assert prom.query(name) == [], f"{name} needs a GPU and must be absent on this host"
+            assert prom.query('memprof_source_up{source="nvml"} == 0')
+    finally:
+        traffic.stop.set()
+        traffic.join(10)
+    assert not traffic.errors, traffic.errors
