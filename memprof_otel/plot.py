@@ -9,14 +9,13 @@ from __future__ import annotations
 import bisect
 import io
 import os
-import tempfile
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import MemprofError
 from .report import operation_at, ordered_operations
 from .timeline import OperationRecord, Timeline
-from .timeline_export import ExportError
+from .timeline_export import ExportError, write_bytes_atomic  # noqa: F401  (ExportError: documented raise)
 from .units import format_bytes
 
 if TYPE_CHECKING:
@@ -288,41 +287,6 @@ def render_png(timeline: Timeline) -> bytes:
     buf = io.BytesIO()
     build_figure(timeline).savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
-
-
-def _file_mode() -> int:
-    """0o666 minus the umask, like open() would give (mkstemp's temp files are 0600). The umask is
-    read from /proc: ``os.umask`` can only be read by setting it, which races with other threads."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o644
-
-
-def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Temp file in the same folder, then rename: readers never see half a PNG."""
-    target = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(target))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), _file_mode())
-            f.write(data)
-        os.replace(tmp, target)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
 
 
 def plot_timeline(timeline: Timeline, path: str | os.PathLike[str]) -> None:

@@ -32,8 +32,21 @@ def timeline_document(h: "Instrumentation") -> dict[str, Any]:
     }
 
 
-def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
-    """Write via a temp file in the same folder, then rename: readers never see half a file."""
+def _file_mode() -> int:
+    """0o666 minus the umask, like open() would give (mkstemp's temp files are 0600). The umask is
+    read from /proc: ``os.umask`` can only be read by setting it, which races with other threads."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o644
+
+
+def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
+    """Temp file in the same folder, then rename: readers never see half a file."""
     target = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(target))
     try:
@@ -41,8 +54,10 @@ def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
     except OSError as e:
         raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, separators=(",", ":"))
+        with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), _file_mode())
+            f.write(data)
         os.replace(tmp, target)
     except OSError as e:
         try:
@@ -50,6 +65,10 @@ def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
         except OSError:
             pass
         raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+
+
+def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
+    write_bytes_atomic(json.dumps(doc, separators=(",", ":")).encode("utf-8"), path)
 
 
 def write_timeline(h: "Instrumentation", path: str | os.PathLike[str]) -> None:

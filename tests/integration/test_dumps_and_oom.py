@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memprof_otel as mp
+from tests.integration.traffic import Traffic
 from memprof_otel import hooks
 
 SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
@@ -84,34 +85,6 @@ class OomModel(nn.Module):
 pytestmark = pytest.mark.timeout(60)  # a server that hangs fails the test, not the run
 
 # ---- helpers --------------------------------------------------------------------------------
-
-class Traffic:
-    def __init__(self, model: nn.Module, period: float = 0.005) -> None:
-        self.model, self.period = model, period
-        self._stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self._t = threading.Thread(target=self._run, name="test-traffic", daemon=True)
-
-    def _run(self) -> None:
-        x = torch.randn(4, 8)
-        while not self._stop.is_set():
-            try:
-                out = self.model(x)
-                if isinstance(out, torch.Tensor) and out.data_ptr() != x.data_ptr() and not torch.isfinite(out).all():
-                    raise AssertionError("non-finite output")
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                self.errors.append(e)
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> "Traffic":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(10)
-        assert not self.errors, self.errors
-
 
 def start(tmp_path: Path, dumps: dict[str, Any] | None = None, **sections: Any) -> tuple[mp.Server, httpx.Client]:
     mp.start_monitoring({"sampler": {"interval": "50ms"},

@@ -19,6 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
+from tests.integration.traffic import Traffic
 
 from .models import F32, Tree
 
@@ -67,36 +68,6 @@ def scrape_values(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str]
             if s.name == name:
                 out[tuple(sorted(s.labels.items()))] = s.value
     return out
-
-
-class Traffic:
-    """Forwards of ``model`` on a background thread until the block ends."""
-
-    def __init__(self, model: torch.nn.Module, period: float = 0.005) -> None:
-        self.model, self.period = model, period
-        self._stop = threading.Event()
-        self.forwards = 0
-        self.errors: list[BaseException] = []
-        self._t = threading.Thread(target=self._run, name="test-traffic", daemon=True)
-
-    def _run(self) -> None:
-        x = torch.randn(4, 8)
-        while not self._stop.is_set():
-            try:
-                self.model(x)
-                self.forwards += 1
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                self.errors.append(e)
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> "Traffic":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(10)
-        assert not self.errors, self.errors
 
 
 def config(tmp_path: Path, **http: Any) -> dict[str, Any]:

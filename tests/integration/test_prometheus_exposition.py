@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from torch import nn
 
 import memprof_otel as mp
+from tests.integration.traffic import Traffic
 from memprof_otel.metric_names import METRICS
 from memprof_otel.sources import registry
 
@@ -37,38 +38,6 @@ LAYER_FAMILIES = [d.prom for d in METRICS if "layer" in d.labels]
 pytestmark = pytest.mark.timeout(60)  # a server that hangs fails the test, not the run
 
 # ---- helpers --------------------------------------------------------------------------------
-
-class Traffic:
-    """Forwards (each inside ``operation(op)``) on a background thread until the block ends."""
-
-    def __init__(self, model: nn.Module, op: str | None = None, period: float = 0.005) -> None:
-        self.model, self.op, self.period = model, op, period
-        self._stop = threading.Event()
-        self.errors: list[BaseException] = []
-        self._t = threading.Thread(target=self._run, name="test-traffic", daemon=True)
-
-    def _run(self) -> None:
-        x = torch.randn(4, 8)
-        while not self._stop.is_set():
-            try:
-                if self.op:
-                    with mp.operation(self.op):
-                        self.model(x)
-                else:
-                    self.model(x)
-            except BaseException as e:  # noqa: BLE001 - reported by the test
-                self.errors.append(e)
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> "Traffic":
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(10)
-        assert not self.errors, self.errors
-
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[mp.Server]:

@@ -1,0 +1,50 @@
+"""Forwards of a model on a background thread until the ``with`` block ends (a busy server)."""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+import memprof_otel as mp
+
+
+class Traffic:
+    """``op``: run each forward inside ``mp.operation(op)``. Errors raised by forwards (and
+    non-finite outputs: a corrupted tensor) fail the block when it ends."""
+
+    def __init__(self, model: nn.Module, op: str | None = None, period: float = 0.005,
+                 x: torch.Tensor | None = None) -> None:
+        self.model, self.op, self.period = model, op, period
+        self.x = torch.randn(4, 8) if x is None else x
+        self._stop = threading.Event()
+        self.forwards = 0
+        self.errors: list[BaseException] = []
+        self._t = threading.Thread(target=self._run, name="test-traffic", daemon=True)
+
+    def _forward(self) -> None:
+        out = self.model(self.x)
+        if isinstance(out, torch.Tensor) and out.is_floating_point() and not torch.isfinite(out).all():
+            raise AssertionError("non-finite output")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.op:
+                    with mp.operation(self.op):
+                        self._forward()
+                else:
+                    self._forward()
+                self.forwards += 1
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(e)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> "Traffic":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(10)
+        assert not self.errors, self.errors
