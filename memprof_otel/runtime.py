@@ -68,8 +68,10 @@ class Runtime:
         self.tracker = OperationTracker(_Probe())
         self.op_stats: OperationStats = OperationStats()
         self.tracker.add_end_listener(self._operation_ended)
-        self.export_errors: Counter[str] = Counter()
-        self.dumps: Counter[tuple[str, str]] = Counter()
+        # counters start at 0 for the labels every process has, so rate() and alerts see the first
+        # increment (a series that appears at 1 hides it) and every family shows from the start
+        self.export_errors: Counter[str] = Counter({"prometheus": 0})
+        self.dumps: Counter[tuple[str, str]] = Counter({("speedscope", "ok"): 0, ("speedscope", "error"): 0})
         self.extra_ooms: Counter[str] = Counter()
         self.watchdog: Any = None           # set by the watchdog module when rules exist
         self.servers: list[Any] = []
@@ -133,6 +135,9 @@ class Runtime:
                 self.otel.shutdown(1.0)
             self.otel = OtelExporter(cfg.otel, cfg.service_name, self.series, self.count_export_error,
                                      meter_provider=meter_provider, tracer_provider=tracer_provider)
+            if self.otel.endpoint:
+                for name in ("otlp_metrics", "otlp_traces"):
+                    self.export_errors.setdefault(name, 0)
         except Exception as e:  # telemetry setup must not take the model down with it
             self.otel = None
             self.count_export_error("otel_setup")
