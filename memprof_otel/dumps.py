@@ -82,7 +82,6 @@ class DumpService:
             rt.count_dump("speedscope", "error")
             raise ExportError(f"could not store the dump: {e}") from e
         rt.count_dump("speedscope", "ok")
-        self._emit_spans(model, cap, info)
         return info
 
     def store_json(self, doc: dict[str, Any], kind: str, model: str) -> DumpInfo | None:
@@ -111,35 +110,35 @@ class DumpService:
                 rate_limited.warning("dump-all", "memprof_otel: dump of %s for %s failed: %s", name, reason, e)
         return out
 
-    def _emit_spans(self, model: str, cap: Capture, info: DumpInfo) -> None:
-        """Per-layer child spans of one ``memprof.capture`` span, at the captured times."""
-        otel = runtime().otel
-        if otel is None:
+def emit_capture_spans(model: str, cap: Capture) -> None:
+    """Per-layer child spans of one ``memprof.capture`` span, at the captured times."""
+    otel = runtime().otel
+    if otel is None:
+        return
+    try:
+        calls = balanced_calls(cap.calls)
+        if not calls:
             return
-        try:
-            calls = balanced_calls(cap.calls)
-            if not calls:
-                return
-            offset_ns = time.time_ns() - time.perf_counter_ns()
-            ns = lambda t: int(t * 1e9) + offset_ns  # noqa: E731
-            root = otel.tracer.start_span("memprof.capture", start_time=ns(calls[0][2]), attributes={
-                "memprof.model": model, "memprof.dump.id": info.id, "memprof.capture.forwards": cap.completed})
-            from opentelemetry import trace as otel_trace
+        offset_ns = time.time_ns() - time.perf_counter_ns()
+        ns = lambda t: int(t * 1e9) + offset_ns  # noqa: E731
+        root = otel.tracer.start_span("memprof.capture", start_time=ns(calls[0][2]), attributes={
+            "memprof.model": model, "memprof.capture.forwards": cap.completed})
+        from opentelemetry import trace as otel_trace
 
-            stack: list[Any] = [root]
-            for kind, frame, t in calls:
-                if kind == "O":
-                    ctx = otel_trace.set_span_in_context(stack[-1])
-                    stack.append(otel.tracer.start_span(f"layer {frame}", context=ctx, start_time=ns(t),
-                                                        attributes={"memprof.layer": frame, "memprof.model": model}))
-                elif len(stack) > 1:
-                    stack.pop().end(end_time=ns(t))
-            while len(stack) > 1:
-                stack.pop().end(end_time=ns(calls[-1][2]))
-            root.end(end_time=ns(calls[-1][2]))
-        except Exception as e:
-            runtime().count_export_error("capture_spans")
-            rate_limited.warning("capture-spans", "memprof_otel: capture spans failed: %r", e)
+        stack: list[Any] = [root]
+        for kind, frame, t in calls:
+            if kind == "O":
+                ctx = otel_trace.set_span_in_context(stack[-1])
+                stack.append(otel.tracer.start_span(f"layer {frame}", context=ctx, start_time=ns(t),
+                                                    attributes={"memprof.layer": frame, "memprof.model": model}))
+            elif len(stack) > 1:
+                stack.pop().end(end_time=ns(t))
+        while len(stack) > 1:
+            stack.pop().end(end_time=ns(calls[-1][2]))
+        root.end(end_time=ns(calls[-1][2]))
+    except Exception as e:
+        runtime().count_export_error("capture_spans")
+        rate_limited.warning("capture-spans", "memprof_otel: capture spans failed: %r", e)
 
 
 _service: DumpService | None = None

@@ -256,6 +256,10 @@ class Instrumentation:
                 with _live_lock:
                     if self._capture is cap:
                         self._capture = None
+                if not cap.cancelled:
+                    from .dumps import emit_capture_spans
+
+                    emit_capture_spans(self.name, cap)  # never raises: errors are counted
         self_time += end - t
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
         for obs in self._observers:

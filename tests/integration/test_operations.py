@@ -461,3 +461,29 @@ def test_a_restart_does_not_serve_the_previous_runs_series():
     mp.start_monitoring(FAST)
     rows = runtime().series().get("memprof_layer_peak_increase_bytes", [])  # within the cache age
     assert not any(lab["model"] == "gone" for lab, _ in rows)
+
+
+def test_a_deep_capture_emits_nested_per_layer_spans_and_plain_forwards_none(otel_sdk):
+    # GIVEN a nested model instrumented with an application's tracer provider
+    spans, _ = otel_sdk
+    model = nn.Sequential(nn.Linear(8, 16), nn.Sequential(nn.ReLU(), nn.Linear(16, 4)))
+    h = mp.instrument(model, name="net", every_n_forwards=1, overhead_budget=1.0)
+    model(torch.randn(2, 8))  # an attributed forward outside a capture: no layer spans
+    assert not [s for s in spans.get_finished_spans() if s.name.startswith("layer ")]
+
+    # WHEN one forward is deep-captured
+    cap = h.capture(forwards=1)
+    model(torch.randn(2, 8))
+    assert cap.wait(5)
+
+    # THEN one memprof.capture span holds a layer span per module call, nested like the modules
+    done = spans.get_finished_spans()
+    roots = [s for s in done if s.name == "memprof.capture"]
+    assert len(roots) == 1 and roots[0].attributes["memprof.model"] == "net"
+    layers = {s.attributes["memprof.layer"]: s for s in done if s.name.startswith("layer ")}
+    assert set(layers) == {"net", "0", "1", "1.0", "1.1"}
+    assert layers["net"].parent.span_id == roots[0].context.span_id
+    assert layers["0"].parent.span_id == layers["net"].context.span_id
+    assert layers["1.1"].parent.span_id == layers["1"].context.span_id
+    assert all(s.start_time <= s.end_time for s in layers.values())
+    assert layers["1"].start_time >= layers["0"].end_time
