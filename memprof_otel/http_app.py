@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs
 
-from prometheus_client.exposition import choose_encoder
 
 from ._log import rate_limited
 from ._version import __version__
 from .config import ConfigError, parse_rule
 from .errors import (CaptureBusy, CaptureTimeout, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
+from .prom_collector import render_exposition
 from .timeline_export import ExportError
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
@@ -126,7 +126,7 @@ class Endpoint:
         self.max_body_bytes = max_body_bytes if max_body_bytes is not None else (
             cfg.http.max_body_bytes if cfg is not None else 1 << 20)
         self.base_url = base_url
-        self.registry = make_registry(self.rt)
+        self.registry = make_registry(self.rt, layers=False)  # layer families: the fast writer
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
@@ -192,8 +192,8 @@ class Endpoint:
 
     # ---- routes ----------------------------------------------------------------------------
     def metrics(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        encoder, content_type = choose_encoder(req.headers.get("accept", ""))
-        return Response(200, encoder(self.registry), content_type)
+        body, content_type = render_exposition(self.rt, self.registry, req.headers.get("accept", ""))
+        return Response(200, body, content_type)
 
     def healthz(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         s = self.rt.sampler

@@ -147,6 +147,10 @@ class Instrumentation:
     def peak_memory_per_layer(self) -> dict[str, int]:
         return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
 
+    def layer_forward_totals(self) -> dict[str, tuple[float, int]]:
+        """Path -> (seconds in attributed calls, calls): the forward-time summary's figures."""
+        return self._stats.forward_totals()
+
     def exported_layer_peaks(self, now: float | None = None) -> dict[str, WindowFigures]:
         """Per-layer figures over the last completed ``attribution.window`` (what exporters publish)."""
         return self._windows.exported(time.perf_counter() if now is None else now)

@@ -13,7 +13,10 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.samples import Exemplar
 
+from prometheus_client.exposition import choose_encoder
+
 from ._log import rate_limited
+from .layer_exposition import LAYER_FAMILIES, render_layer_families
 from .metric_names import BY_PROM, METRICS, MetricDef
 from .series import layer_forward_series
 
@@ -22,8 +25,12 @@ if TYPE_CHECKING:
 
 
 class MemprofCollector(Collector):
-    def __init__(self, rt: "Runtime") -> None:
+    """``layers=False`` leaves out the per-layer families: the endpoint writes those itself
+    (``layer_exposition``), much faster; a collector registered elsewhere keeps them."""
+
+    def __init__(self, rt: "Runtime", layers: bool = True) -> None:
         self._rt = rt
+        self._layers = layers
 
     def describe(self) -> list[Metric]:
         return []  # families vary with what runs; skip describe-time collection
@@ -32,13 +39,15 @@ class MemprofCollector(Collector):
         rt = self._rt
         try:
             views = rt.layer_views()  # one snapshot for the gauges and the summary (was taken twice)
-            series = rt.series(max_age_s=0.0, views=views)
+            series = rt.series(max_age_s=0.0, views=views, per_layer=self._layers)
             ops = rt.op_stats.snapshot()
         except Exception as e:  # a scrape never fails because of us
             rt.count_export_error("prometheus")
             rate_limited.warning("scrape", "memprof_otel: building the scrape failed: %r", e)
             return
         for d in METRICS:
+            if not self._layers and d.prom in LAYER_FAMILIES:
+                continue
             if d.kind == "summary":
                 fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels))
                 for labels, seconds, calls in layer_forward_series(views):
@@ -76,10 +85,27 @@ def _family(d: MetricDef, rows: Any) -> Metric:
     return fam
 
 
-def make_registry(rt: "Runtime") -> CollectorRegistry:
+def make_registry(rt: "Runtime", layers: bool = True) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemprofCollector(rt))
+    reg.register(MemprofCollector(rt, layers))
     return reg
+
+
+def render_exposition(rt: "Runtime", registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
+    prometheus_client's encoder, plus the per-layer families through the fast writer."""
+    encoder, content_type = choose_encoder(accept)
+    body = encoder(registry)
+    try:
+        layers = render_layer_families(rt.layer_views()).encode()
+    except Exception as e:  # a scrape never fails because of us: serve the rest
+        rt.count_export_error("prometheus")
+        rate_limited.warning("scrape-layers", "memprof_otel: rendering layer families failed: %r", e)
+        return body, content_type
+    eof = b"# EOF\n"
+    if body.endswith(eof):  # OpenMetrics: the terminator stays last
+        return body[: -len(eof)] + layers + eof, content_type
+    return body + layers, content_type
 
 
 __all__ = ["BY_PROM", "MemprofCollector", "make_registry"]

@@ -220,10 +220,9 @@ class Runtime:
 
         views = []
         for name, h in sorted(live_instrumentations().items()):
-            stats = h.layer_stats()
             views.append(LayerView(
                 model=name, device=h.last_device, peaks=h.exported_layer_peaks(),
-                forward={p: (s.duration_ms / 1000.0, s.calls) for p, s in stats.items()},
+                forward=h.layer_forward_totals(),
                 overhead_seconds=h.overhead_seconds, events_dropped=h.events_dropped))
         return views
 
@@ -243,22 +242,24 @@ class Runtime:
             export_errors=dict(self.export_errors), dumps=dict(self.dumps),
             extra_ooms=dict(self.extra_ooms), version=__version__, torch_version=_torch_version())
 
-    def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None) -> Series:
+    def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
+               per_layer: bool = True) -> Series:
         """Every gauge/counter/info series, built from the latest sample; cached for ``max_age_s``
         so one OTel collection (many callbacks) or one scrape builds it once. ``views``: the
         ``layer_views()`` the caller already took (a scrape needs them for the summary too)."""
         now = time.monotonic()
         cached = self._series_cache
-        if cached is not None and now - cached[0] < max_age_s:
+        if cached is not None and now - cached[0] < max_age_s and per_layer:
             return cached[1]
         latest = self.sampler.latest() if self.sampler is not None else None
-        out = build_series(latest, self.layer_views() if views is None else views, self.self_view())
+        out = build_series(latest, self.layer_views() if views is None else views, self.self_view(), per_layer)
         if self.watchdog is not None:
             for name, rows in self.watchdog.series().items():
                 out.setdefault(name, []).extend(rows)
         for op, f in sorted(self.op_stats.snapshot().items()):
             out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))
-        self._series_cache = (now, out)
+        if per_layer:
+            self._series_cache = (now, out)
         return out
 
 

@@ -64,7 +64,9 @@ class SelfView:
     torch_version: str = ""
 
 
-def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView) -> Series:
+def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView,
+                 per_layer: bool = True) -> Series:
+    """``per_layer=False`` leaves out the per-layer gauges (the scrape writes those itself)."""
     out: Series = {}
 
     def add(name: str, labels: Labels, value: float) -> None:
@@ -91,7 +93,7 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         if sample is None or device not in sample.allocators:
             add("memprof_allocator_ooms_total", {"device": device}, n)
     for v in layers:
-        for path, f in sorted(v.peaks.items()):
+        for path, f in sorted(v.peaks.items()) if per_layer else ():
             lab = {"model": v.model, "layer": path, "device": v.device}
             add("memprof_layer_peak_increase_bytes", lab, f.peak_increase)
             add("memprof_layer_peak_allocated_bytes", lab, f.peak_allocated)

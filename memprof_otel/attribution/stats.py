@@ -81,6 +81,11 @@ class LayerAccumulator:
                 total_allocations=a.allocs, total_deallocations=a.frees,
                 duration_ms=a.duration_s * 1000.0) for path, a in self._acc.items()}
 
+    def forward_totals(self) -> dict[str, tuple[float, int]]:
+        """Path -> (seconds, calls), without building a LayerMemoryStats per layer (scrape path)."""
+        with self._lock:
+            return {path: (a.duration_s, a.calls) for path, a in self._acc.items()}
+
     def clear(self) -> None:
         with self._lock:
             self._acc.clear()
