@@ -261,7 +261,7 @@ class ProcessSource:
             out["peak_resident_memory_bytes"] = float(hwm)
             if not self._was_reset:
                 self._peak = max(self._peak, hwm)
-        if (limit := cgroup_memory_limit(self._read_text("cgroup") or "", self._sys)) is not None:
+        if (limit := self._memory_limit()) is not None:
             out["memory_limit_bytes"] = float(limit)
         if (kids := self._descendants()) is not None:
             pages = (_statm_pages(self._read_text("statm", kid)) for kid in kids)
@@ -271,6 +271,17 @@ class ProcessSource:
             out["cpu_utilization_ratio"] = cpu
         out["io_read_bytes"], out["io_write_bytes"] = map(float, self._io_totals(kids or []))
         return out
+
+    LIMIT_TTL_S = 10.0  # the limit walk is ~40 % of a tick's reads and the limit rarely changes
+
+    def _memory_limit(self) -> int | None:
+        now = time.monotonic()
+        cached = getattr(self, "_limit_cache", None)
+        if cached is not None and now - cached[0] < self.LIMIT_TTL_S:
+            return cached[1]
+        limit = cgroup_memory_limit(self._read_text("cgroup") or "", self._sys)
+        self._limit_cache = (now, limit)
+        return limit
 
     def _cpu_utilization(self) -> float | None:
         now, cpu = self._clock(), self._cpu_seconds()
