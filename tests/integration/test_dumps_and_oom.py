@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memprof_otel as mp
-from tests.integration.traffic import Traffic
+from tests.integration.helpers import Traffic, wait_until
 from memprof_otel import hooks
 
 SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
@@ -126,15 +126,6 @@ def stacks(doc: dict[str, Any]) -> dict[tuple[str, ...], int]:
     names = [f["name"] for f in doc["shared"]["frames"]]
     prof = doc["profiles"][0]
     return {tuple(names[i] for i in s): w for s, w in zip(prof["samples"], prof["weights"])}
-
-
-def wait_until(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (v := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-    return v
 
 
 # ---- dump contents --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
-from tests.integration.traffic import Traffic
+from tests.integration.helpers import Traffic
 
 from .models import F32, Tree
 

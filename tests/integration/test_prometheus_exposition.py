@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from torch import nn
 
 import memprof_otel as mp
-from tests.integration.traffic import Traffic
+from tests.integration.helpers import Traffic, wait_until
 from memprof_otel.metric_names import METRICS
 from memprof_otel.sources import registry
 
@@ -68,15 +68,6 @@ def values(client: httpx.Client, name: str, **match: str) -> dict[tuple[tuple[st
 
 def layer_values(client: httpx.Client, name: str, model: str) -> dict[str, float]:
     return {dict(k)["layer"]: v for k, v in values(client, name, model=model).items()}
-
-
-def wait_until(pred: Any, timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (v := pred()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-    return v
 
 
 def populate(client: httpx.Client, model: nn.Module) -> None:

@@ -1,7 +1,9 @@
-"""Forwards of a model on a background thread until the ``with`` block ends (a busy server)."""
+"""Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server) and ``wait_until``."""
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,3 +50,13 @@ class Traffic:
         self._stop.set()
         self._t.join(10)
         assert not self.errors, self.errors
+
+
+def wait_until(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``pred`` until it returns something truthy (returned); AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (v := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+    return v
