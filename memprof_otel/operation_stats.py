@@ -64,9 +64,10 @@ class OperationStats:
         self._by_name: dict[str, OperationFigures] = {}
         self._lock = threading.Lock()
 
-    def record(self, rec: OperationRecord) -> None:
+    def record(self, rec: OperationRecord) -> str | None:
+        """Fold a finished operation in; returns the ``operation`` label it went under."""
         if rec.end is None:
-            return
+            return None
         with self._lock:
             name = rec.name
             if name not in self._by_name and len(self._by_name) >= self.max_names:
@@ -78,6 +79,7 @@ class OperationStats:
             f.duration.observe(rec.duration, rec.trace_id, rec.end)
             f.peak.observe(float(rec.peak_bytes), rec.trace_id, rec.end)
             f.last_delta = float(rec.delta_bytes)
+            return name
 
     def snapshot(self) -> dict[str, OperationFigures]:
         with self._lock:

@@ -204,9 +204,8 @@ class Runtime:
         self.dumps[(fmt, result)] += 1
 
     def _operation_ended(self, rec: OperationRecord) -> None:
-        self.op_stats.record(rec)
-        if self.otel is not None:
-            label = rec.name if rec.name in self.op_stats.snapshot() else "__other__"
+        label = self.op_stats.record(rec)
+        if self.otel is not None and label is not None:
             self.otel.record_operation(rec, label)
 
     def operations_tracker(self) -> OperationTracker:
