@@ -11,7 +11,7 @@ from .capture import Capture
 from .config import Config, load_config
 from .http_server import Server, asgi_app, serve, wsgi_app
 from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound,
-                     InstrumentationError, InvalidDumpId, MemprofError, SourceUnavailable, UnknownModel)
+                     InstrumentationError, InvalidDumpId, MemprofError, ServeError, SourceUnavailable, UnknownModel)
 from .instrumentation import Instrumentation, instrument
 from .operations import current_operation, operation
 from .timeline import OperationRecord, Sample, Timeline
@@ -21,7 +21,7 @@ from .watchdog import add_alert_callback, remove_alert_callback
 __all__ = sorted([
     "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "DumpNotFound",
     "ExportError", "Instrumentation", "Server", "InstrumentationError", "InvalidDumpId", "LayerMemoryStats", "MemprofError",
-    "OperationRecord", "Sample", "SourceUnavailable", "Timeline", "UnknownModel", "__version__",
+    "OperationRecord", "Sample", "ServeError", "SourceUnavailable", "Timeline", "UnknownModel", "__version__",
     "add_alert_callback", "current_operation", "end_phase", "instrument", "load_config", "mark_operation",
     "operation", "plot", "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring",
     "timeline", "wsgi_app", "asgi_app",

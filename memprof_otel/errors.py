@@ -44,3 +44,7 @@ class InvalidDumpId(MemprofError, ValueError):
 
 class UnknownModel(MemprofError, LookupError):
     """No instrumented model has this name."""
+
+
+class ServeError(MemprofError, OSError):
+    """The endpoint cannot listen where asked (port taken, address not on this host)."""

@@ -13,6 +13,7 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from .errors import ConfigError, ServeError
 from .http_app import Endpoint, Request, Response, error_response
 
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
@@ -142,7 +143,10 @@ class Server:
         self.host = host
         app = wsgi_app(token, bind_host=host)
         server_cls = _V6Server if ":" in host else _ThreadingWSGIServer
-        self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
+        try:
+            self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
+        except OSError as e:  # port taken, address not on this host, no permission for a low port
+            raise ServeError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
         self.port = self._httpd.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
@@ -183,5 +187,9 @@ def serve(host: str | None = None, port: int | None = None, token: str | None = 
 
     cfg = runtime().ensure_started().config
     assert cfg is not None
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise ConfigError("http.port", f"must be an integer in 0..65535, got {port!r}")
+    if host is not None and (not isinstance(host, str) or not host):
+        raise ConfigError("http.host", f"must be a non-empty address, got {host!r}")
     return Server(cfg.http.host if host is None else host, cfg.http.port if port is None else port,
                   cfg.http.token if token is None else token)

@@ -531,3 +531,22 @@ def test_unexpected_failure_is_json_500_without_traceback(client, monkeypatch):
     body = assert_error(client.get("/v1/alerts"), 500, "internal")
     assert "KeyError" in body["detail"] and "internal detail" not in body["detail"]
     assert client.get("/healthz").status_code == 200  # the server keeps serving
+
+
+def test_serve_refuses_a_taken_port_and_bad_arguments_with_typed_errors(tmp_path):
+    # GIVEN a port already taken by another server
+    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
+    first = mp.serve(port=0)
+    try:
+        # WHEN/THEN a second server on it, or nonsense arguments, raise typed errors naming the problem
+        with pytest.raises(mp.ServeError, match=f"127.0.0.1:{first.port}"):
+            mp.serve(port=first.port)
+        with pytest.raises(mp.ConfigError) as bad_port:
+            mp.serve(port=70000)
+        assert bad_port.value.key == "http.port"
+        with pytest.raises(mp.ConfigError):
+            mp.serve(host="")
+        # AND the first server still answers
+        assert httpx.get(first.url + "/healthz", timeout=10).status_code == 200
+    finally:
+        first.close()
