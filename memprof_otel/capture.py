@@ -34,6 +34,8 @@ class Capture:
         self.allocations: list[tuple[tuple[str, ...], int]] = []
         self.calls: list[tuple[str, str, float]] = []
         self.cancelled = False
+        self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
+        self.cuda_snapshot: dict[str, Any] | None = None
 
     # ---- what users call -------------------------------------------------------------------
     @property
@@ -47,7 +49,13 @@ class Capture:
     def cancel(self) -> None:
         with self._lock:
             self.cancelled = True
+        self._stop_history()
         self._done.set()
+
+    def _stop_history(self) -> None:
+        history = self.history
+        if history is not None and self.cuda_snapshot is None:
+            self.cuda_snapshot = history.stop()
 
     def speedscope(self) -> dict[str, Any]:
         with self._lock:
@@ -85,8 +93,10 @@ class Capture:
                 self.calls.append(("C", self._stack.pop(), t))
             self.completed += 1
             self._busy = False
-            if self.completed >= self.forwards:
-                self._done.set()
+            finished = self.completed >= self.forwards
+        if finished:
+            self._stop_history()  # before done is set: a waiter sees the snapshot
+            self._done.set()
 
     def on_alloc(self, func: Any, nbytes: int) -> None:
         if len(self.allocations) >= self.max_records:

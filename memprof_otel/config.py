@@ -265,6 +265,8 @@ class DumpsConfig:
     dir: str = _f(os.path.join(tempfile.gettempdir(), "memprof-otel-dumps"), _str(), "where dumps are stored")
     max_files: int = _f(20, _int(1, 100_000), "dumps kept (oldest removed)")
     max_bytes: int = _f(512 << 20, _size, "total size of stored dumps (oldest removed)")
+    cuda_history_max_entries: int = _f(100_000, _int(0, 10_000_000),
+                                       "CUDA allocator-history entries a capture records (0 = off)")
 
 
 _SECTIONS: dict[str, type] = {

@@ -41,6 +41,7 @@ class DumpService:
         self._store: DumpStore | None = None
         self._store_key: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
+        self.related: dict[str, DumpInfo] = {}  # speedscope dump id -> its CUDA history snapshot
 
     @property
     def store(self) -> DumpStore:
@@ -82,6 +83,13 @@ class DumpService:
             rt.count_dump("speedscope", "error")
             raise ExportError(f"could not store the dump: {e}") from e
         rt.count_dump("speedscope", "ok")
+        if cap.cuda_snapshot is not None:  # memory_viz's data; `python -m pickle`-able after json.load
+            snap = self.store_json(cap.cuda_snapshot, kind="cuda_snapshot", model=model)
+            if snap is not None:
+                with self._lock:
+                    self.related[info.id] = snap
+                    while len(self.related) > 1000:
+                        self.related.pop(next(iter(self.related)))
         return info
 
     def store_json(self, doc: dict[str, Any], kind: str, model: str) -> DumpInfo | None:

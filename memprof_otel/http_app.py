@@ -300,6 +300,9 @@ class Endpoint:
         except ExportError as e:
             raise HttpError(507, "dump_not_stored", str(e)) from None
         d = info.to_dict(self.base_url)
+        snapshot = dump_service().related.get(info.id)
+        if snapshot is not None:  # CUDA: the allocator history of the same window
+            d["cuda_snapshot"] = snapshot.to_dict(self.base_url)
         return json_response(201, d, {"Location": f"/v1/dumps/{info.id}"})
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:

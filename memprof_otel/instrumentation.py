@@ -287,6 +287,11 @@ class Instrumentation:
                 return
             if cap is not None:  # the per-op view of a capture needs the ledger on CUDA too
                 mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
+                max_entries = self.config.dumps.cuda_history_max_entries
+                if cap.history is None and max_entries > 0:  # on for the capture window only
+                    cap.history = registry.cuda_history_recorder(device.index or 0, max_entries)
+                    if cap.history is not None:
+                        cap.history.start()
         else:
             counter = TensorLedger(device.type)
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))

@@ -81,3 +81,13 @@ def reset_for_tests() -> None:
     with _lock:
         _sources.clear()
         _down.clear()
+
+
+def cuda_history_recorder(index: int, max_entries: int) -> Any | None:
+    """A fresh allocator-history recorder for one capture (None when it cannot be built)."""
+    try:
+        from .cuda_history import CudaHistoryRecorder
+
+        return CudaHistoryRecorder(index, max_entries)
+    except Exception:
+        return None

@@ -10,6 +10,7 @@ streams, events, graphs, expandable segments, ``max_split_size``, private pools.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,10 @@ class ScriptedCudaAllocatorDouble:
         self._counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0,
                           "num_device_free": 0}
         self.reset_peak_calls = 0
+        # allocator history, as torch.cuda.memory._record_memory_history keeps it: the last
+        # max_entries events while enabled; record_calls logs every on/off call
+        self._trace: collections.deque[dict[str, Any]] | None = None
+        self.record_calls: list[dict[str, Any]] = []
 
     # -- scripting -------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
@@ -127,11 +132,13 @@ class ScriptedCudaAllocatorDouble:
         self._refresh_inactive_split()
         handle = next(self._handles)
         self._live[handle] = (segment, block)
+        self._trace_event("alloc", segment, block, nbytes)
         return handle
 
     def free(self, handle: int) -> None:
         """Return a block to the cache, merging it with free neighbours."""
         segment, block = self._live.pop(handle)
+        self._trace_event("free_completed", segment, block, block.requested)
         self._count(segment.pool, "allocation", -1)
         self._count(segment.pool, "active", -1)
         for name in ("allocated_bytes", "active_bytes"):
@@ -154,6 +161,33 @@ class ScriptedCudaAllocatorDouble:
             self._count(segment.pool, "segment", -1)
             self._count(segment.pool, "reserved_bytes", -segment.size)
             self._counters["num_device_free"] += 1
+
+    # -- allocator history: stand-ins for torch.cuda.memory._record_memory_history / _snapshot --
+    def _trace_event(self, action: str, segment: _Segment, block: _Block, nbytes: int) -> None:
+        if self._trace is not None:
+            self._trace.append({"action": action, "addr": id(segment) * 4096 + block.offset,
+                                "size": block.size, "requested_size": nbytes, "stream": 0, "frames": []})
+
+    def record_memory_history(self, enabled: str | None = "all", context: str | None = "all",
+                              stacks: str = "all", max_entries: int = 2**63 - 1, device: Any = None,
+                              **_: Any) -> None:
+        self.record_calls.append({"enabled": enabled, "max_entries": max_entries, "device": device})
+        if enabled is None:
+            self._trace = None
+        elif self._trace is None:
+            self._trace = collections.deque(maxlen=max_entries)
+
+    def snapshot(self, device: Any = None, **_: Any) -> dict[str, Any]:
+        traces = list(self._trace) if self._trace is not None else []
+        return {"segments": [{"device": self.device_index, "address": id(s) * 4096, "total_size": s.size,
+                              "segment_type": "small" if s.pool == "small_pool" else "large",
+                              "blocks": [{"size": b.size, "state": "active_allocated" if b.allocated else
+                                          "inactive"} for b in s.blocks]} for s in self._segments],
+                "device_traces": [traces]}
+
+    @property
+    def recording(self) -> bool:
+        return self._trace is not None
 
     # -- the two functions CudaAllocatorSource takes -----------------------------------------
     def memory_stats_nested(self, device_index: int) -> dict[str, Any]:

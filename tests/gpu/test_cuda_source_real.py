@@ -64,3 +64,23 @@ def test_real_layout_contains_every_key_the_double_emits() -> None:
     for name in ("allocated_bytes", "allocation", "inactive_split_bytes"):
         assert set(real[name]) == set(fake[name])
         assert set(real[name]["all"]) == set(fake[name]["all"])
+
+
+def test_a_capture_on_a_real_gpu_records_allocator_history_only_in_its_window() -> None:
+    import memprof_otel as mp
+
+    def traced() -> int:
+        return sum(len(t) for t in torch.cuda.memory._snapshot().get("device_traces", []))
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8)).cuda()
+    x = torch.randn(16, 64, device="cuda")
+    with mp.instrument(model, name="gpu-history") as h:
+        cap = h.capture(forwards=1)
+        model(x)
+        assert cap.wait(10)
+        before = traced()
+        model(x)  # after the window: nothing more is recorded
+        assert traced() == before
+    assert cap.cuda_snapshot is not None
+    assert any(e["action"] == "alloc" for trace in cap.cuda_snapshot["device_traces"] for e in trace)
+    mp.shutdown(2)

@@ -96,3 +96,97 @@ def test_cuda_stats_failure_is_counted_and_forward_runs(device, monkeypatch):
         out = model(torch.ones(1))
         assert torch.equal(out, torch.ones(1))
         assert h.hook_errors >= 1
+
+
+@pytest.fixture
+def history(device, monkeypatch):
+    """Captures on the scripted device record history through the double's stand-ins."""
+    from memprof_otel.sources.cuda_history import CudaHistoryRecorder
+
+    dev, _ = device
+    made: list[CudaHistoryRecorder] = []
+
+    def recorder(index: int, max_entries: int) -> CudaHistoryRecorder:
+        made.append(CudaHistoryRecorder(index, max_entries, record_fn=dev.record_memory_history,
+                                        snapshot_fn=dev.snapshot))
+        return made[-1]
+    monkeypatch.setattr(registry, "cuda_history_recorder", recorder)
+    return dev, made
+
+
+def _allocs(snapshot):
+    return [e for e in snapshot["device_traces"][0] if e["action"] == "alloc"]
+
+
+def test_cuda_history_is_recorded_only_inside_the_capture_window(history, tmp_path):
+    # GIVEN a CUDA model (scripted device) with a dump directory
+    dev, made = history
+    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path)}})
+    model = DeviceNet(dev)
+    with mp.instrument(model, **EVERY) as h:
+        model(torch.zeros(1))  # a plain attributed forward: no history
+        assert not made and not dev.recording
+
+        # WHEN two forwards are deep-captured, with forwards before and after
+        cap = h.capture(forwards=2)
+        model(torch.zeros(1))
+        assert dev.recording  # on during the window
+        model(torch.zeros(1))
+        assert cap.wait(5) and not dev.recording  # off as soon as the window closes
+        model(torch.zeros(1))
+
+    # THEN exactly the window's allocations are in the snapshot: 6 mallocs per forward (root 1, a 2,
+    # b.0 2, b.1 1) x 2 forwards, with the bound and the device passed through
+    assert len(made) == 1
+    assert [c["enabled"] for c in dev.record_calls] == ["all", None]
+    assert dev.record_calls[0]["max_entries"] == 100_000 and dev.record_calls[0]["device"] == 0
+    assert len(_allocs(cap.cuda_snapshot)) == 2 * 6
+    assert cap.cuda_snapshot["segments"]
+
+
+def test_cuda_history_is_bounded_and_stored_beside_the_dump(history, tmp_path):
+    dev, made = history
+    mp.start_monitoring({"sampler": {"interval": "50ms"},
+                         "dumps": {"dir": str(tmp_path), "cuda_history_max_entries": 3}})
+    model = DeviceNet(dev)
+    import threading
+
+    from memprof_otel.dumps import dump_service
+
+    with mp.instrument(model, name="devnet", **EVERY):
+        stop = threading.Event()
+
+        def traffic() -> None:
+            while not stop.is_set():
+                model(torch.zeros(1))
+                stop.wait(0.005)
+        t = threading.Thread(target=traffic)
+        t.start()
+        try:
+            info = dump_service().capture("devnet", forwards=1, timeout=10)
+        finally:
+            stop.set()
+            t.join()
+    snap_info = dump_service().related[info.id]
+    assert snap_info.kind == "cuda_snapshot" and snap_info.model == "devnet"
+    import json
+
+    stored = json.loads(dump_service().store.read(snap_info.id))
+    assert len(stored["device_traces"][0]) == 3  # the last 3 events only
+    assert not dev.recording
+
+
+def test_a_failing_history_recorder_never_breaks_the_capture_or_the_forward(history, monkeypatch):
+    dev, made = history
+
+    def broken(**kwargs):
+        raise RuntimeError("record_memory_history is not available")
+    monkeypatch.setattr(dev, "record_memory_history", broken)
+    model = DeviceNet(dev)
+    with mp.instrument(model, **EVERY) as h:
+        cap = h.capture(forwards=1)
+        out = model(torch.ones(1))
+        assert cap.wait(5)
+    assert torch.equal(out, torch.ones(1))
+    assert cap.cuda_snapshot is None and made[0].error is not None
+    assert cap.completed == 1 and cap.total_bytes() >= 0
