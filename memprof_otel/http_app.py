@@ -21,7 +21,7 @@ from ._version import __version__
 from .config import ConfigError, parse_rule
 from .errors import (CaptureBusy, CaptureTimeout, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
-from .prom_collector import render_exposition
+from .prom_collector import make_registry, render_exposition
 from .timeline_export import ExportError
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
@@ -116,7 +116,6 @@ class Endpoint:
 
     def __init__(self, token: str | None = None, bind_host: str | None = None,
                  max_body_bytes: int | None = None, base_url: str = "") -> None:
-        from .prom_collector import make_registry
         from .runtime import runtime
 
         self.rt = runtime()
@@ -213,7 +212,7 @@ class Endpoint:
         models = []
         for name, h in sorted(live_instrumentations().items()):
             st = h.scheduler.state()
-            models.append({"name": name, "device": h.last_device, "layers": len(h._paths), "paused": h.paused,
+            models.append({"name": name, "device": h.last_device, "layers": h.layer_count, "paused": h.paused,
                            "forwards": st.forwards, "attributed_forwards": st.attributed,
                            "overhead_seconds": st.attribution_seconds, "hook_errors": h.hook_errors,
                            "forward_errors": h.forward_errors})

@@ -77,8 +77,9 @@ class Instrumentation:
         self._created_unix = time.time()
         self._tls = _ThreadLocal()
         self._closed = False
-        self._observers: list[Any] = []  # forward observers (the OOM flight recorder)
-        self._call_listeners: list[Any] = []  # fn(handle, calls) after each attributed forward
+        # forward observers: forward_begin(h, state) / forward_done(h, state, raised, exc); the
+        # OOM flight recorder and the OTel layer-time recorder
+        self._observers: list[Any] = []
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
         if acfg.enabled:
@@ -103,6 +104,11 @@ class Instrumentation:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    @property
+    def layer_count(self) -> int:
+        """Module paths tracked (after max_depth, include/exclude and the max_layers fold)."""
+        return len(self._paths)
 
     @property
     def paused(self) -> bool:
@@ -320,8 +326,6 @@ class Instrumentation:
         calls = state.finish(t, raised)
         self._stats.merge(calls, baseline=state.baseline)
         self._windows.merge(calls, state.baseline, t)
-        for fn in self._call_listeners:
-            fn(self, calls)
         if state.events:
             with self._events_lock:
                 overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
@@ -429,15 +433,9 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
 
 
 def _connect(h: Instrumentation) -> None:
-    """Start the process runtime (sampler, exporters) and hand it this model's events."""
+    """Start the process runtime (sampler, exporters) and hand it this model's forwards."""
     from .oom_recorder import recorder
-    from .runtime import runtime
+    from .runtime import layer_time_observer, runtime
 
-    rt = runtime().ensure_started(h.config)
-    h._observers.append(recorder)
-
-    def layer_calls(handle: Instrumentation, calls: Any) -> None:
-        otel = rt.otel
-        if otel is not None:
-            otel.record_layer_calls(handle.name, handle.last_device, calls)
-    h._call_listeners.append(layer_calls)
+    runtime().ensure_started(h.config)
+    h._observers += [recorder, layer_time_observer]

@@ -262,6 +262,23 @@ class Runtime:
         return out
 
 
+class _LayerTimeObserver:
+    """Forward observer: the layer calls of an attributed forward -> the OTel layer-forward
+    histogram (looked up per forward: a restart may replace the exporter)."""
+
+    def forward_begin(self, h: Any, state: Any) -> None:
+        return None
+
+    def forward_done(self, h: Any, state: Any, raised: bool, exc: BaseException | None) -> None:
+        if state is None:  # most forwards are not attributed: nothing to record
+            return
+        otel = runtime().otel
+        if otel is not None:
+            otel.record_layer_calls(h.name, h.last_device, state.calls)
+
+
+layer_time_observer = _LayerTimeObserver()
+
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
