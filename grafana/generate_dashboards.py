@@ -17,7 +17,7 @@ against a real Prometheus scraping the demo):
   gpu_only_panels.txt (NVML metrics: no data without a GPU) and cgroup_limit_panels.txt
   (memprof_process_memory_limit_bytes: no data without a cgroup memory limit);
 - template variables are used only in `=~` matchers (multi-value and "All" render as regexes);
-- only metric names from SPEC.md's "Prometheus metrics".
+- only metric names from docs/reference.md's "Prometheus metrics".
 """
 from __future__ import annotations
 
@@ -347,8 +347,11 @@ def layers() -> dict[str, Any]:
                     [target(f"topk(10, sum by (model, layer) (rate(memprof_layer_forward_seconds_sum{{{LAYER_NO_ROOT}}}[$__rate_interval]))"
                             f" / sum by (model, layer) (rate(memprof_layer_forward_seconds_count{{{LAYER_NO_ROOT}}}[$__rate_interval])))",
                             "{{model}} {{layer}}")], "s"), 12, 9),
-        (timeseries("Per-layer fragmentation",
-                    "Mean allocator fragmentation seen during each layer's attributed calls (10 highest).",
+        (timeseries("Per-layer fragmentation (CUDA)",
+                    "Mean CUDA caching-allocator fragmentation (inactive split / reserved) at the exits of "
+                    "each layer's attributed calls (10 highest). CUDA layers only: CPU attribution counts "
+                    "tensor storages, which have no heap layout, so CPU layers have no such series "
+                    "(the Overview's allocator fragmentation shows the host heap).",
                     [target(f"topk(10, max by (model, layer) (memprof_layer_fragmentation_ratio{{{LAYER_NO_ROOT}}}))",
                             "{{model}} {{layer}}")], "percentunit", max_one=True), 12, 9),
     ])
@@ -357,15 +360,14 @@ def layers() -> dict[str, Any]:
                "Every exported layer (the root module, layer empty, is the whole model).",
                [target(f"max by (model, layer) (memprof_layer_peak_increase_bytes{{{LAYER}}})", instant=True, table=True),
                 target(f"max by (model, layer) (memprof_layer_peak_allocated_bytes{{{LAYER}}})", instant=True, table=True),
-                target(f"max by (model, layer) (memprof_layer_retained_bytes{{{LAYER}}})", instant=True, table=True),
-                target(f"max by (model, layer) (memprof_layer_fragmentation_ratio{{{LAYER}}})", instant=True, table=True)],
+                target(f"max by (model, layer) (memprof_layer_retained_bytes{{{LAYER}}})", instant=True, table=True)],
                {"Value #A": ("peak increase", "bytes"), "Value #B": ("peak allocated", "bytes"),
-                "Value #C": ("retained", "bytes"), "Value #D": ("fragmentation", "percentunit")},
+                "Value #C": ("retained", "bytes")},
                sort_by="peak increase"), 24, 12),
     ])
     return dashboard("memprof-layers", "memprof-otel / Layers",
                      "Per-layer memory of instrumented models: each layer's transient peak, what it "
-                     "retains, its absolute peak, fragmentation and forward time.",
+                     "retains, its absolute peak, forward time, and fragmentation on CUDA.",
                      [top, over_time, all_layers])
 
 

@@ -1,7 +1,8 @@
 """One attributed forward in one thread: the per-layer hook sink and its counter.
 
-Created by the root pre-hook when the scheduler picks a forward, fed by the global module hooks
-(``hooks.py``) for every module call of that thread, closed by the root post-hook. Nothing here
+Created by the pre-hook of the module that opens the forward (the root, or a submodule called
+directly) when the scheduler picks it, fed by the global module hooks (``hooks.py``) for every
+module call of that thread, closed by that module's post-hook. Nothing here
 raises into the model: every failure is counted on the owning instrumentation and logged
 rate-limited.
 """
@@ -22,14 +23,15 @@ class HotCounter(Protocol):
 
 
 class ForwardState:
-    __slots__ = ("paths", "root_key", "counter", "tracker", "calls", "events", "origin_s", "baseline",
+    __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
                  "on_error", "self_time_s", "listener")
 
-    def __init__(self, paths: dict[int, str], root_key: int, counter: HotCounter, origin_s: float,
+    def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
                  baseline: int, on_error: Callable[[str, BaseException], None],
                  record_events: bool) -> None:
         self.paths = paths
-        self.root_key = root_key
+        self.root_key = root_key    # the module whose call opened this forward (the model's root,
+        self.root_path = root_path  # or a submodule called directly, e.g. an encoder in generate())
         self.counter = counter
         self.tracker = PeakTracker()
         self.calls: list[LayerCall] = []
@@ -42,7 +44,7 @@ class ForwardState:
 
     def begin(self, now_s: float) -> None:
         self.counter.reset_peak()
-        self._enter("", self.root_key, now_s)
+        self._enter(self.root_path, self.root_key, now_s)
 
     def enter(self, module: Any) -> None:
         t = time.perf_counter()

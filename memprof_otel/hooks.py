@@ -4,8 +4,8 @@ PyTorch's no-hook fast path in ``Module._call_impl`` is lost for every module in
 while any global hook exists, so ours exist only during attributed forwards (refcounted across
 threads). Global hooks, unlike per-module ones, leave ``nn.TransformerEncoderLayer``'s fused fast
 path on: its check looks at local hooks only, so attributed forwards run the same kernels.
-Each thread routes hook calls to its own active ``ForwardState`` through a thread-local, so two
-models forwarded from two threads never see each other's calls.
+Each thread routes hook calls to its own active sink, so two models forwarded from two threads
+never see each other's calls. Inside a ``torch.compile``d region the hooks are traced to nothing.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any, Protocol
 
+from torch.compiler import is_compiling
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 
@@ -21,24 +22,28 @@ class LayerSink(Protocol):
     def exit(self, module: Any, raised: bool) -> None: ...
 
 
-_tls = threading.local()
+_get_ident = threading.get_ident
 _lock = threading.Lock()
-_refcount = 0
+_sinks: dict[int, LayerSink] = {}  # thread ident -> that thread's sink
 _handles: list[Any] = []
 
 
 def active_sink() -> LayerSink | None:
-    return getattr(_tls, "sink", None)
+    return _sinks.get(_get_ident())
 
 
 def _pre(module: Any, args: Any) -> None:
-    sink = getattr(_tls, "sink", None)
+    if is_compiling():
+        return
+    sink = _sinks.get(_get_ident())
     if sink is not None:
         sink.enter(module)
 
 
 def _post(module: Any, args: Any, output: Any) -> None:
-    sink = getattr(_tls, "sink", None)
+    if is_compiling():
+        return
+    sink = _sinks.get(_get_ident())
     if sink is not None:
         # forward hooks with always_call=True also run while an exception unwinds the module;
         # then the result is None and an exception is being handled
@@ -47,24 +52,26 @@ def _post(module: Any, args: Any, output: Any) -> None:
 
 def activate(sink: LayerSink) -> None:
     """Route this thread's module calls to ``sink`` (installing the global hooks if needed)."""
-    global _refcount
     with _lock:
-        if _refcount == 0:
+        if not _handles:
             _handles.append(register_module_forward_pre_hook(_pre))
             _handles.append(register_module_forward_hook(_post, always_call=True))
-        _refcount += 1
-    _tls.sink = sink
+        _sinks[_get_ident()] = sink
 
 
 def deactivate() -> None:
     """Undo ``activate`` for this thread; the last one out removes the global hooks."""
-    global _refcount
-    if getattr(_tls, "sink", None) is None:
-        return
-    _tls.sink = None
+    deactivate_thread(_get_ident())
+
+
+def deactivate_thread(ident: int, sink: LayerSink | None = None) -> None:
+    """Stop routing thread ``ident``'s calls (only if its sink is ``sink``, when given)."""
     with _lock:
-        _refcount -= 1
-        if _refcount == 0:
+        current = _sinks.get(ident)
+        if current is None or (sink is not None and current is not sink):
+            return
+        del _sinks[ident]
+        if not _sinks:
             for h in _handles:
                 h.remove()
             _handles.clear()

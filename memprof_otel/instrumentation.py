@@ -17,11 +17,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling as _is_compiling
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import hooks
 from ._log import rate_limited
 from .attribution.scheduler import AttributionScheduler
-from .attribution.selection import select_layers
+from .attribution.selection import OTHER, select_layers
 from .attribution.stats import LayerAccumulator, LayerMemoryStats
 from .attribution.windows import WindowFigures, WindowedPeaks
 from .config import Config, load_config
@@ -34,6 +36,7 @@ from .sources.ledger import LedgerMode, TensorLedger
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
+_CALL_IMPL_CODE = nn.Module._call_impl.__code__
 
 
 def live_instrumentations() -> dict[str, "Instrumentation"]:
@@ -43,7 +46,8 @@ def live_instrumentations() -> dict[str, "Instrumentation"]:
 
 
 class _ThreadLocal(threading.local):
-    depth = 0
+    open_key: int | None = None  # id of the module whose call opened this thread's forward
+    depth = 0                    # re-entries of that module (recursion), 1 when plain
     start_s = 0.0
     self_time_s = 0.0
     state: ForwardState | None = None
@@ -64,6 +68,8 @@ class Instrumentation:
                               include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
         mods = dict(model.named_modules())
         self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
+        # label -> module id for the modules a forward may open on (ownership check of hooks)
+        self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
         self._windows = WindowedPeaks(acfg.window, time.perf_counter())
@@ -72,6 +78,7 @@ class Instrumentation:
         self.events_dropped = 0
         self.hook_errors = 0
         self.forward_errors = 0
+        self.interrupted_forwards = 0  # forwards a BaseException abandoned (also in forward_errors)
         self.last_device = "cpu"
         self._origin_s = time.perf_counter()
         self._created_unix = time.time()
@@ -86,6 +93,9 @@ class Instrumentation:
             # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
             # here, at setup, rather than inside the first attributed forward of a live server
             import torch._dynamo  # noqa: F401
+        # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
+        self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
+        self._open_lock = threading.Lock()
         self._handles: list[Any] = []
         self._attach(model)
 
@@ -95,10 +105,39 @@ class Instrumentation:
         return self._model_ref()
 
     def _attach(self, model: nn.Module) -> None:
-        self._handles = [
-            model.register_forward_pre_hook(_RootHook(self, pre=True)),
-            model.register_forward_hook(_RootHook(self, pre=False), always_call=True),
-        ]
+        handles = []
+        for path, mod in self._entry_points(model):
+            handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path)))
+            handles.append(mod.register_forward_hook(_RootHook(self, False, path), always_call=True))
+        self._handles = handles
+
+    def _entry_points(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """Modules whose call may open a forward: the root, and the submodules that serving code
+        calls directly (HF ``generate()`` runs ``model.get_encoder()(...)`` outside the root).
+
+        Those are the tracked children of the root and what ``get_encoder()``/``get_decoder()``
+        return. Their hooks cost ~1 us per call inside a root forward, so deeper modules are not
+        hooked; nothing inside an ``nn.TransformerEncoderLayer`` is (a local hook there turns off
+        its fused fast path).
+        """
+        points: dict[int, tuple[str, nn.Module]] = {id(model): ("", model)}
+        candidates = [m for _, m in model.named_children()]
+        for getter in ("get_encoder", "get_decoder"):
+            fn = getattr(model, getter, None)
+            if callable(fn):
+                try:
+                    found = fn()
+                except Exception:  # a getter that does not apply to this model
+                    found = None
+                if isinstance(found, nn.Module):
+                    candidates.append(found)
+        fused = {id(sub) for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)
+                 for sub in m.modules()}
+        for m in candidates:
+            path = self._paths.get(id(m))
+            if path not in (None, OTHER) and id(m) not in fused and id(m) not in points:
+                points[id(m)] = (path, m)
+        return list(points.values())
 
     def _detach(self) -> None:
         for h in self._handles:
@@ -129,6 +168,7 @@ class Instrumentation:
             return
         self._closed = True
         self._detach()
+        self._release_open_forwards()
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
@@ -162,7 +202,13 @@ class Instrumentation:
         return self._windows.exported(time.perf_counter() if now is None else now)
 
     def fragmentation_stats(self) -> dict[str, float]:
-        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()}
+        """Per-layer mean allocator fragmentation, for layers where it was measured (CUDA).
+
+        CPU attribution counts tensor storages, which have no heap layout: CPU layers are absent
+        here (the process-wide host heap figure is ``memprof_allocator_fragmentation_ratio``).
+        """
+        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
+                if v.avg_fragmentation is not None}
 
     def events(self) -> list[dict[str, Any]]:
         with self._events_lock:
@@ -213,39 +259,56 @@ class Instrumentation:
             self._events.clear()
 
     # ---- hooks -----------------------------------------------------------------------------
-    def _root_pre(self, module: nn.Module, args: Any) -> None:
-        if id(module) != self._root_key or self._closed:
-            return  # a deep copy of the model carries our hook dict; it is not ours to count
-        t = time.perf_counter()
+    def _on_pre(self, module: nn.Module, path: str) -> None:
+        key = id(module)
         tls = self._tls
-        tls.depth += 1
-        if tls.depth != 1:
+        if tls.open_key is not None:
+            if key != tls.open_key and path:
+                return  # a hooked submodule inside this thread's open forward: the hot path
+            if self._still_running(tls.open_key, 1 if key == tls.open_key else 0):
+                if key == tls.open_key:
+                    tls.depth += 1  # the opener called recursively
+                return
+            # the open forward never closed: a BaseException (KeyboardInterrupt, CancelledError,
+            # SystemExit) skipped PyTorch's always_call hooks while it unwound
+            self._recover(tls)
+        if self._closed or not self._owns(module, path):
             return
+        t = time.perf_counter()
+        tls.open_key = key
+        tls.depth = 1
         tls.start_s = t
         tls.state = None
         try:
             if hooks.active_sink() is None:
                 cap = self._capture
                 if cap is not None and cap.claim():
-                    self._begin(module, t, cap)
+                    self._begin(module, path, t, cap)
                 elif self.scheduler.should_attribute():
-                    self._begin(module, t, None)
+                    self._begin(module, path, t, None)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
         tls.self_time_s = time.perf_counter() - t
 
-    def _root_post(self, module: nn.Module, args: Any, output: Any) -> None:
-        if id(module) != self._root_key:
+    def _on_post(self, module: nn.Module, output: Any) -> None:
+        tls = self._tls
+        if tls.open_key != id(module):
+            return  # not the opener (or hooks registered mid-forward: we never saw its pre-hook)
+        if tls.depth > 1:
+            tls.depth -= 1
             return
         t = time.perf_counter()
-        tls = self._tls
-        if tls.depth == 0:  # hooks registered mid-forward: we never saw the pre-hook
-            return
-        tls.depth -= 1
-        if tls.depth != 0:
-            return
         raised = output is None and sys.exc_info()[0] is not None
+        self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
+
+    def _owns(self, module: nn.Module, path: str) -> bool:
+        # a deep copy of the model carries our hook dicts: its modules are not ours to count
+        return (self._root_key if path == "" else self._path_keys.get(path)) == id(module)
+
+    def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
+        tls.open_key = None
+        tls.depth = 0
         if raised:
             self.forward_errors += 1
         state = tls.state
@@ -274,12 +337,52 @@ class Instrumentation:
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
         for obs in self._observers:
             try:
-                obs.forward_done(self, state, raised, sys.exc_info()[1] if raised else None)
+                obs.forward_done(self, state, raised, exc)
             except Exception as e:
                 self._count_error("observer", e)
 
+    @staticmethod
+    def _still_running(key: int, calls_now: int = 0) -> bool:
+        """Is the call of module ``key`` that opened the forward still on this thread's stack?
+
+        ``calls_now``: calls of that module on the stack that are not the opener (1 when asked
+        from inside a new call of the same module). Runs only when a forward looks open at a
+        point where none should be: recursion of the opener, or an abandoned forward.
+        """
+        f: Any = sys._getframe(1)
+        seen = 0
+        while f is not None:
+            if f.f_code is _CALL_IMPL_CODE and id(f.f_locals.get("self")) == key:
+                seen += 1
+                if seen > calls_now:
+                    return True
+            f = f.f_back
+        return False
+
+    def _recover(self, tls: _ThreadLocal) -> None:
+        """Close a forward a BaseException abandoned: counted as raised, like a module exception."""
+        self.interrupted_forwards += 1
+        try:
+            self._close(tls, time.perf_counter(), True, None)
+        except Exception as e:
+            self._count_error("recover", e)
+            tls.open_key, tls.depth, tls.state = None, 0, None
+
+    def _release_open_forwards(self) -> None:
+        """On uninstrument: close this thread's abandoned forward; neutralise other threads' ones."""
+        tls = self._tls
+        if tls.open_key is not None and not self._still_running(tls.open_key):
+            self._recover(tls)
+        with self._open_lock:
+            others = list(self._open.items())
+        for ident, (state, mode) in others:
+            if mode is not None:
+                mode.inert = True  # on another thread's mode stack: we cannot pop it from here
+                mode.ledger.close()
+            hooks.deactivate_thread(ident, state)
+
     # ---- attribution -----------------------------------------------------------------------
-    def _begin(self, module: nn.Module, t: float, cap: Capture | None) -> None:
+    def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None) -> None:
         if cap is not None:
             self._tls.capture = cap  # released in _root_post whatever happens next
         device = _module_device(module)
@@ -304,7 +407,7 @@ class Instrumentation:
             host = registry.host_allocator()
             if host is not None:
                 baseline = int(host.refresh()["allocated_bytes"])
-        state = ForwardState(self._paths, self._root_key, counter, self._origin_s, baseline,
+        state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
                              self._count_error, record_events=self.config.attribution.max_events > 0)
         if cap is not None:
             state.listener = cap
@@ -319,6 +422,8 @@ class Instrumentation:
         if mode is not None:
             mode.__enter__()
             tls.mode = mode
+        with self._open_lock:
+            self._open[threading.get_ident()] = (state, mode)
         state.begin(t)
 
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
@@ -335,8 +440,15 @@ class Instrumentation:
 
     def _pop_mode(self) -> None:
         mode, self._tls.mode = self._tls.mode, None
-        if mode is not None:
+        if mode is None:
+            return
+        mode.ledger.close()
+        if _get_current_dispatch_mode() is mode:
             mode.__exit__(None, None, None)
+        else:  # a mode pushed above ours was abandoned too: ours can only be made to pass through
+            mode.inert = True
+            rate_limited.warning("mode-order", "memprof_otel: another dispatch mode sits above ours "
+                                 "on this thread's stack; ours now passes every op through")
 
     def _abort_attribution(self) -> None:
         """Leave this thread as if no attribution had started (safe to call twice)."""
@@ -347,6 +459,8 @@ class Instrumentation:
         if hooks.active_sink() is self._tls.state and self._tls.state is not None:
             hooks.deactivate()
         self._tls.state = None
+        with self._open_lock:
+            self._open.pop(threading.get_ident(), None)
 
     def _count_error(self, where: str, e: BaseException) -> None:
         self.hook_errors += 1
@@ -362,17 +476,22 @@ class _RootHook:
     inert hook instead of the handle and its locks.
     """
 
-    __slots__ = ("h", "pre")
+    __slots__ = ("h", "pre", "path")
 
-    def __init__(self, h: Instrumentation, pre: bool) -> None:
+    def __init__(self, h: Instrumentation, pre: bool, path: str) -> None:
         self.h = h
         self.pre = pre
+        self.path = path
 
     def __call__(self, module: nn.Module, args: Any, output: Any = None) -> None:
+        if _is_compiling():
+            # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
+            # graph break, no changed output); the eager hooks around the region do the work
+            return
         if self.pre:
-            self.h._root_pre(module, args)
+            self.h._on_pre(module, self.path)
         else:
-            self.h._root_post(module, args, output)
+            self.h._on_post(module, output)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
         return self

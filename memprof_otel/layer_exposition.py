@@ -45,7 +45,9 @@ def render_layer_families(views: Iterable[LayerView]) -> str:
             head = f'{name}{{device="{_esc(v.device)}",layer="'
             tail = f'",model="{_esc(v.model)}"}} '
             for path in sorted(v.peaks):
-                out.append(f"{head}{_esc(path)}{tail}{g(v.peaks[path][i])}\n")
+                value = v.peaks[path][i]
+                if value is not None:  # fragmentation is absent where it is not measured
+                    out.append(f"{head}{_esc(path)}{tail}{g(value)}\n")
     name = LAYER_SUMMARY
     out.append(f"# HELP {name} {_help(BY_PROM[name].help)}\n# TYPE {name} summary\n")
     for v in views:

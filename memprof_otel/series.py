@@ -98,7 +98,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
             add("memprof_layer_peak_increase_bytes", lab, f.peak_increase)
             add("memprof_layer_peak_allocated_bytes", lab, f.peak_allocated)
             add("memprof_layer_retained_bytes", lab, f.retained)
-            add("memprof_layer_fragmentation_ratio", lab, f.fragmentation)
+            if f.fragmentation is not None:  # measured on CUDA only: absent, never a fake 0
+                add("memprof_layer_fragmentation_ratio", lab, f.fragmentation)
         add("memprof_overhead_seconds_total", {"model": v.model}, v.overhead_seconds)
         add("memprof_events_dropped_total", {"model": v.model}, v.events_dropped)
     for name, up in sorted(me.sources_up.items()):

@@ -24,7 +24,7 @@ class LayerCall(NamedTuple):
     allocations: int
     frees: int
     duration_s: float
-    fragmentation: float  # at exit
+    fragmentation: float | None  # at exit; None where the counter cannot measure it
     raised: bool
     reserved_peak: int
 

@@ -23,7 +23,7 @@ class LayerMemoryStats:
     peak_increase: int
     retained: int
     peak_reserved: int
-    avg_fragmentation: float
+    avg_fragmentation: float | None  # None where not measured (CPU: no per-layer heap view)
     total_allocations: int
     total_deallocations: int
     duration_ms: float
@@ -34,7 +34,7 @@ class LayerMemoryStats:
 
 class _Acc:
     __slots__ = ("calls", "peak_allocated", "peak_increase", "retained", "peak_reserved",
-                 "frag_sum", "allocs", "frees", "duration_s")
+                 "frag_sum", "frag_n", "allocs", "frees", "duration_s")
 
     def __init__(self) -> None:
         self.calls = 0
@@ -43,6 +43,7 @@ class _Acc:
         self.retained: int | None = None
         self.peak_reserved = 0
         self.frag_sum = 0.0
+        self.frag_n = 0
         self.allocs = 0
         self.frees = 0
         self.duration_s = 0.0
@@ -67,7 +68,9 @@ class LayerAccumulator:
                 a.peak_increase = max(a.peak_increase, c.peak_increase)
                 a.retained = c.retained if a.retained is None else max(a.retained, c.retained)
                 a.peak_reserved = max(a.peak_reserved, c.reserved_peak + baseline)
-                a.frag_sum += c.fragmentation
+                if c.fragmentation is not None:
+                    a.frag_sum += c.fragmentation
+                    a.frag_n += 1
                 a.allocs += c.allocations
                 a.frees += c.frees
                 a.duration_s += c.duration_s
@@ -77,7 +80,7 @@ class LayerAccumulator:
             return {path: LayerMemoryStats(
                 layer_name=path, calls=a.calls, peak_allocated=a.peak_allocated,
                 peak_increase=a.peak_increase, retained=a.retained or 0, peak_reserved=a.peak_reserved,
-                avg_fragmentation=a.frag_sum / a.calls if a.calls else 0.0,
+                avg_fragmentation=a.frag_sum / a.frag_n if a.frag_n else None,
                 total_allocations=a.allocs, total_deallocations=a.frees,
                 duration_ms=a.duration_s * 1000.0) for path, a in self._acc.items()}
 

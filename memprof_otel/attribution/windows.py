@@ -20,21 +20,22 @@ class WindowFigures(NamedTuple):
     peak_increase: int
     peak_allocated: int
     retained: int
-    fragmentation: float  # mean over the window's calls
+    fragmentation: float | None  # mean over the window's calls that measured it
 
 
 class _W:
-    __slots__ = ("inc", "alloc", "ret", "frag_sum", "n")
+    __slots__ = ("inc", "alloc", "ret", "frag_sum", "frag_n")
 
     def __init__(self) -> None:
         self.inc = 0
         self.alloc = 0
         self.ret: int | None = None
         self.frag_sum = 0.0
-        self.n = 0
+        self.frag_n = 0
 
     def figures(self) -> WindowFigures:
-        return WindowFigures(self.inc, self.alloc, self.ret or 0, self.frag_sum / self.n if self.n else 0.0)
+        return WindowFigures(self.inc, self.alloc, self.ret or 0,
+                             self.frag_sum / self.frag_n if self.frag_n else None)
 
 
 class WindowedPeaks:
@@ -70,8 +71,9 @@ class WindowedPeaks:
                 w.inc = max(w.inc, c.peak_increase)
                 w.alloc = max(w.alloc, c.peak_level + baseline)
                 w.ret = c.retained if w.ret is None else max(w.ret, c.retained)
-                w.frag_sum += c.fragmentation
-                w.n += 1
+                if c.fragmentation is not None:
+                    w.frag_sum += c.fragmentation
+                    w.frag_n += 1
 
     def exported(self, now: float) -> dict[str, WindowFigures]:
         with self._lock:

@@ -17,7 +17,7 @@ class Reading(NamedTuple):
     peak: int            # peak allocated since the last reset_peak()
     allocations: int     # cumulative number of allocations (0 when the source cannot count)
     frees: int           # cumulative number of frees
-    fragmentation: float  # unusable gaps / reserved, 0..1 (0.0 when unknown)
+    fragmentation: float | None  # unusable gaps / reserved, 0..1; None when not measured
     reserved_peak: int = 0  # peak reserved since the last reset_peak() (0 when not tracked)
 
 

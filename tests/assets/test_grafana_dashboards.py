@@ -238,12 +238,13 @@ def _panels_using(prefix: str) -> set[str]:
 def test_gpu_only_panels_are_listed_and_hold_only_gpu_queries() -> None:
     listed = aq.listed_panels("gpu_only_panels.txt")
     assert listed and len(listed) == len(set(listed))
-    assert set(listed) == _panels_using("memprof_gpu_")
+    assert set(listed) == _panels_using("memprof_gpu_") | _panels_using(aq.CUDA_ONLY_LAYER_METRIC)
     for _, p in _all_panels():
         if p["title"] in listed:
             # every query of the panel is a GPU query, so "no data" there means "no GPU"
             for t in p["targets"]:
-                assert all(n.startswith("memprof_gpu_") for n in aq.metric_names_in(t["expr"])), t["expr"]
+                assert all(n.startswith("memprof_gpu_") or n == aq.CUDA_ONLY_LAYER_METRIC
+                           for n in aq.metric_names_in(t["expr"])), t["expr"]
 
 
 def test_cgroup_limit_panels_are_listed() -> None:
