@@ -53,6 +53,7 @@ class _ThreadLocal(threading.local):
     state: ForwardState | None = None
     mode: LedgerMode | None = None
     capture: Capture | None = None
+    busy = False                 # inside our own hook code (a __del__ must not interleave)
 
 
 class Instrumentation:
@@ -135,6 +136,8 @@ class Instrumentation:
                  for sub in m.modules()}
         for m in candidates:
             path = self._paths.get(id(m))
+            if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+                continue  # containers are never called
             if path not in (None, OTHER) and id(m) not in fused and id(m) not in points:
                 points[id(m)] = (path, m)
         return list(points.values())
@@ -259,7 +262,7 @@ class Instrumentation:
             self._events.clear()
 
     # ---- hooks -----------------------------------------------------------------------------
-    def _on_pre(self, module: nn.Module, path: str) -> None:
+    def _on_pre(self, module: nn.Module, path: str, args: Any) -> Any:
         key = id(module)
         tls = self._tls
         if tls.open_key is not None:
@@ -279,6 +282,7 @@ class Instrumentation:
         tls.depth = 1
         tls.start_s = t
         tls.state = None
+        tls.busy = True
         try:
             if hooks.active_sink() is None:
                 cap = self._capture
@@ -289,7 +293,16 @@ class Instrumentation:
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
+        finally:
+            tls.busy = False
         tls.self_time_s = time.perf_counter() - t
+        if tls.state is None:
+            return None
+        # An attributed forward changed this thread (dispatch mode, global hooks). PyTorch runs
+        # always_call hooks on Exception only: a KeyboardInterrupt, CancelledError or SystemExit
+        # skips our post-hook. ``_call_impl`` holds the args tuple until the call is over, so a
+        # tuple that tells us when it dies restores the thread as soon as the unwinding is done.
+        return _ForwardArgs(args, self, threading.get_ident(), tls.state)
 
     def _on_post(self, module: nn.Module, output: Any) -> None:
         tls = self._tls
@@ -300,7 +313,23 @@ class Instrumentation:
             return
         t = time.perf_counter()
         raised = output is None and sys.exc_info()[0] is not None
-        self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
+        tls.busy = True
+        try:
+            self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
+        finally:
+            tls.busy = False
+
+    def _args_released(self, ident: int, state: ForwardState) -> None:
+        """The opener's call is over; if its forward is still open, a BaseException skipped the
+        post-hook: recover now (only on the owning thread, never inside our own hook code, where
+        the next forward's pre-hook or ``uninstrument()`` will do it instead)."""
+        tls = self._tls
+        if threading.get_ident() == ident and tls.state is state and not tls.busy:
+            tls.busy = True
+            try:
+                self._recover(tls)
+            finally:
+                tls.busy = False
 
     def _owns(self, module: nn.Module, path: str) -> bool:
         # a deep copy of the model carries our hook dicts: its modules are not ours to count
@@ -483,21 +512,45 @@ class _RootHook:
         self.pre = pre
         self.path = path
 
-    def __call__(self, module: nn.Module, args: Any, output: Any = None) -> None:
+    def __call__(self, module: nn.Module, args: Any, output: Any = None) -> Any:
         if _is_compiling():
             # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
             # graph break, no changed output); the eager hooks around the region do the work
             return
         if self.pre:
-            self.h._on_pre(module, self.path)
-        else:
-            self.h._on_post(module, output)
+            return self.h._on_pre(module, self.path, args)
+        self.h._on_post(module, output)
+        return None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_InertHook, ())
+
+
+class _ForwardArgs(tuple):
+    """The opener's positional args, unchanged, plus a note of whose forward they belong to.
+
+    Returned by the pre-hook of an attributed forward (PyTorch then passes it to ``forward`` as
+    ``*args``, so the model sees the same values). When ``_call_impl`` lets go of it, the call is
+    over: normally the post-hook has closed the forward already and ``__del__`` does nothing.
+    """
+
+    def __new__(cls, args: tuple[Any, ...], h: Instrumentation, ident: int, state: ForwardState) -> "_ForwardArgs":
+        self = super().__new__(cls, args)
+        self._owner = (h, ident, state)
+        return self
+
+    def __del__(self) -> None:
+        try:
+            h, ident, state = self._owner
+            h._args_released(ident, state)
+        except BaseException:  # noqa: BLE001 - nothing may escape a finalizer
+            pass
+
+    def __reduce__(self) -> Any:  # copies and pickles are plain tuples
+        return (tuple, (tuple(self),))
 
 
 class _InertHook:

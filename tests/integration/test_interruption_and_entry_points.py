@@ -1,0 +1,186 @@
+"""Forwards abandoned by a BaseException, and forwards opened by a submodule called directly."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+
+import pytest
+import torch
+import torch.nn.modules.module as torch_module
+from torch import nn
+
+import memprof_otel as mp
+from memprof_otel import hooks
+
+from .models import F32, Transient, Tree
+
+EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
+
+
+class Interrupted(nn.Module):
+    """Tree-like: ``a`` (Transient 1000) runs, then ``b`` raises ``exc`` when set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = Transient(1000)
+        self.b = Transient(5000)
+        self.exc: type[BaseException] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.exc is not None:
+            raise self.exc()
+        return self.b(h)
+
+
+def _thread_is_clean() -> bool:
+    return (torch._C._len_torch_dispatch_stack() == 0 and hooks.active_sink() is None
+            and not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, asyncio.CancelledError, SystemExit, GeneratorExit])
+def test_base_exception_mid_forward_restores_the_thread_at_once_and_is_counted(exc):
+    model = Interrupted()
+    x = torch.randn(4, 8)
+    with mp.instrument(model, **EVERY) as h:
+        model.exc = exc
+        try:
+            model(x)
+        except BaseException as e:  # noqa: BLE001 - the test is about BaseException
+            assert type(e) is exc
+        # the except block is over: dispatch mode, global hooks and routing are gone already
+        assert _thread_is_clean()
+        assert h.forward_errors == 1 and h.interrupted_forwards == 1 and h.hook_errors == 0
+        model.exc = None
+        h.reset_stats()
+        for _ in range(3):
+            model(x)
+        s = h.layer_stats()
+    assert s[""].calls == 3 and s["b"].calls == 3
+    assert s["a"].peak_increase == 1000 * F32 and s["b"].peak_increase == 5000 * F32
+    assert _thread_is_clean()
+
+
+def test_interrupted_forward_whose_traceback_is_kept_recovers_at_the_next_forward():
+    model = Interrupted()
+    x = torch.randn(4, 8)
+    kept: list[BaseException] = []
+    with mp.instrument(model, **EVERY) as h:
+        model.exc = KeyboardInterrupt
+        try:
+            model(x)
+        except KeyboardInterrupt as e:
+            kept.append(e)  # the traceback keeps the forward's frames (and its args) alive
+        assert torch._C._len_torch_dispatch_stack() == 1  # nothing could notice the abandonment yet
+        model.exc = None
+        h.reset_stats()
+        model(x)  # the next forward's pre-hook sees the abandoned one and restores the thread first
+        assert h.interrupted_forwards == 1
+        assert torch._C._len_torch_dispatch_stack() == 0
+        s = h.layer_stats()
+    # the abandoned forward is closed as raised (like a module exception), then the new one runs
+    assert s[""].calls == 2 and s["b"].calls == 1 and s["b"].peak_increase == 5000 * F32
+    assert _thread_is_clean()
+    del kept
+
+
+def test_uninstrument_after_an_abandoned_forward_leaves_no_hook_and_no_mode():
+    model = Interrupted()
+    model.exc = KeyboardInterrupt
+    h = mp.instrument(model, **EVERY)
+    try:
+        model(torch.randn(4, 8))
+    except KeyboardInterrupt:
+        saved = sys.exc_info()  # keep the frames alive: only uninstrument() can clean up
+    h.uninstrument()
+    assert _thread_is_clean()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    del saved
+
+
+def test_uninstrument_neutralises_a_forward_abandoned_in_another_thread():
+    model = Interrupted()
+    model.exc = KeyboardInterrupt
+    h = mp.instrument(model, **EVERY)
+    kept: list[object] = []
+    after: list[torch.Tensor] = []
+    done = threading.Event()
+    go = threading.Event()
+
+    def worker() -> None:
+        try:
+            model(torch.randn(4, 8))
+        except KeyboardInterrupt:
+            kept.append(sys.exc_info())
+        done.set()
+        go.wait(10)
+        after.append(torch.ones(3) + 1)  # the left-over mode must pass ops through untouched
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert done.wait(10)
+    h.uninstrument()
+    # the global hooks are process-wide: gone; the worker's mode stack is its own, made inert
+    assert not torch_module._global_forward_hooks and not torch_module._global_forward_pre_hooks
+    go.set()
+    t.join(10)
+    assert torch.equal(after[0], torch.full((3,), 2.0))
+
+
+def test_a_submodule_called_directly_is_attributed_under_its_own_path():
+    model = Tree()
+    x = torch.randn(4, 8)
+    with mp.instrument(model, **EVERY) as h:
+        model.b(x)  # like generate() calling model.get_encoder()(...): no root forward is open
+        s = h.layer_stats()
+        assert "" not in s
+        assert s["b"].calls == 1 and s["b.0"].calls == 1 and s["b.1"].calls == 1
+        assert s["b.1"].peak_increase == 20000 * F32
+        model(x)  # inside a root forward the same module is just a layer
+        s = h.layer_stats()
+    assert s[""].calls == 1 and s["b"].calls == 2
+
+
+class EncoderDecoder(nn.Module):
+    """Exposes get_encoder() like transformers models do; the encoder sits two levels down."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.encoder = nn.Sequential(Transient(3000), Transient(100))
+        self.model.decoder = Transient(200)
+
+    def get_encoder(self) -> nn.Module:
+        return self.model.encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.decoder(x)
+
+
+def test_get_encoder_result_opens_its_own_forward_even_when_nested_deeper():
+    model = EncoderDecoder()
+    x = torch.randn(4, 8)
+    with mp.instrument(model, **EVERY) as h:
+        model.get_encoder()(x)
+        model(x)
+        s = h.layer_stats()
+    assert s["model.encoder"].calls == 1 and s["model.encoder.0"].peak_increase == 3000 * F32
+    assert s[""].calls == 1 and s["model.decoder"].peak_increase == 200 * F32
+
+
+def test_entry_hooks_keep_the_transformer_encoder_fast_path():
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with mp.instrument(model, **EVERY):
+        # neither the layers nor anything inside them carry a local hook of ours
+        for m in (sub for layer in model.layers for sub in layer.modules()):
+            assert not m._forward_hooks and not m._forward_pre_hooks
+
+
+def test_cpu_layers_have_no_fragmentation_figure():
+    model = Tree()
+    with mp.instrument(model, **EVERY) as h:
+        model(torch.randn(4, 8))
+        assert h.fragmentation_stats() == {}
+        assert all(v.avg_fragmentation is None for v in h.layer_stats().values())
