@@ -14,6 +14,8 @@ Models are tiny and built from configs (no download): 2 layers, hidden 64, vocab
 """
 from __future__ import annotations
 
+import asyncio
+
 import difflib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -465,3 +467,32 @@ def test_no_interaction_between_reference_and_library() -> None:
     lib_alone = run_library(*fresh())
     assert ref_alone == ref_beside, "REFERENCE changed by the library:\n" + describe_diff(ref_beside, ref_alone)
     assert lib_alone == lib_beside, "library changed by the reference:\n" + describe_diff(lib_beside, lib_alone)
+
+
+# ---- after a Ctrl-C: a generate() interrupted mid-forward, then a full one --------------------
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, asyncio.CancelledError])
+def test_generate_after_an_interrupted_generate_is_exact(exc: type[BaseException]) -> None:
+    torch.manual_seed(0)
+    model = _gpt2()
+    h = _instrument(model)
+    try:
+        steps = {"n": 0}
+
+        def interrupt(module: nn.Module, args: Any) -> None:
+            steps["n"] += 1
+            if steps["n"] == 3:  # the third decode step, inside transformer.h.1
+                raise exc()
+
+        handle = model.transformer.h[1].register_forward_pre_hook(interrupt)
+        with pytest.raises(exc):
+            _generate_workload(model, 8)()
+        handle.remove()
+        assert h.interrupted_forwards == 1 and torch._C._len_torch_dispatch_stack() == 0
+        h.reset_stats()
+        with ReferenceLedger(model) as ref:
+            _generate_workload(model, 12)()
+        lib = library_calls(h)
+    finally:
+        h.uninstrument()
+    assert len(roots([tuple(c) for c in ref.calls])) == 12
+    assert_same_calls(lib, [tuple(c) for c in ref.calls], ref)
