@@ -12,7 +12,7 @@ event loop; each request is one ``mp.operation("embed", model="minilm")``. The m
 Configuration: the demo's settings below are the base layer; ``MEMPROF_OTEL_*`` environment
 variables override them (e.g. ``MEMPROF_OTEL_HTTP_TOKEN=...``, ``MEMPROF_OTEL_OTEL_ENDPOINT=...``).
 
-Multi-worker (SPEC "Multi-worker servers"): prometheus_client's multiprocess mode drops our
+Multi-worker (docs/reference.md, "Multi-worker servers"): prometheus_client's multiprocess mode drops our
 collectors, so every worker process loads and instruments its own model and is its own target.
 Worker ``i`` (``WORKER_INDEX=i`` in its environment) serves its memprof endpoint on ``port + i``;
 scrape each port (see deploy/prometheus/prometheus-multiworker.yml) or push OTLP, where each worker

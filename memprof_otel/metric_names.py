@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# power-of-4 buckets, 1 MiB .. 64 GiB (SPEC), for operation memory peaks
+# power-of-4 buckets, 1 MiB .. 64 GiB (docs/reference.md), for operation memory peaks
 MEMORY_PEAK_BUCKETS: tuple[float, ...] = tuple(float(1 << (20 + 2 * i)) for i in range(9))
 DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                                        30.0, 60.0, 300.0, 1800.0)

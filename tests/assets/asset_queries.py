@@ -4,7 +4,7 @@
   by family name, with the files using it. A later test checks them against a real /metrics.
 - ``dashboard_queries()``: every dashboard panel query with Grafana's variables rendered the way
   a test query needs them, ready for Prometheus' /api/v1/query.
-- ``spec_metric_names()``: the metric names SPEC.md promises.
+- ``documented_metric_names()``: the metric names the user reference (docs/reference.md) lists.
 
 Pure functions over the files; no Prometheus needed here.
 """
@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import yaml
 
+from tests import reference_doc
+
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
 DASHBOARD_DIR = GRAFANA / "dashboards"
@@ -26,7 +28,6 @@ ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
 PROMETHEUS_RULE = DEPLOY / "kubernetes" / "prometheusrule.yaml"
 DASHBOARDS_CONFIGMAP = DEPLOY / "kubernetes" / "dashboards-configmap.yaml"
-SPEC = REPO.parent / "shared" / "SPEC.md"   # the contract lives beside the repo (shared/)
 
 # How a test renders Grafana's variables: every label variable matches anything (the dashboards
 # use them only in =~ matchers), interval variables become fixed durations.
@@ -204,8 +205,8 @@ def series_names_used() -> dict[str, set[str]]:
 def metric_names_used(families: Iterable[str] | None = None) -> dict[str, set[str]]:
     """Metric family name -> files using it. ``families`` tells which names are histograms or
     summaries (whose ``_bucket``/``_sum``/``_count`` series fold into the family); by default
-    SPEC.md's metric names, or pass the families of a real /metrics."""
-    known = set(spec_metric_names() if families is None else families)
+    the metric names of docs/reference.md, or pass the families of a real /metrics."""
+    known = set(documented_metric_names() if families is None else families)
     used: dict[str, set[str]] = {}
     for name, files in series_names_used().items():
         used.setdefault(family_of(name, known), set()).update(files)
@@ -226,6 +227,10 @@ def dashboard_queries(values: dict[str, str] | None = None) -> list[DashboardQue
     return out
 
 
+# per-layer fragmentation is measured on CUDA only (the CPU ledger counts storages, no heap layout)
+CUDA_ONLY_LAYER_METRIC = "memprof_layer_fragmentation_ratio"
+
+
 def listed_panels(filename: str) -> list[str]:
     """Panel titles listed one per line in grafana/<filename> (gpu_only_panels.txt: panels with
     no data without a GPU; cgroup_limit_panels.txt: no data without a cgroup memory limit)."""
@@ -235,10 +240,6 @@ def listed_panels(filename: str) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def spec_metric_names(spec: Path = SPEC) -> set[str]:
-    """Backticked memprof_* names in SPEC.md's "Prometheus metrics" section."""
-    text = spec.read_text(encoding="utf-8")
-    start = text.index("## Prometheus metrics")
-    end = text.find("\n## ", start + 1)
-    section = text[start:end if end != -1 else None]
-    return set(re.findall(r"`(memprof_[a-z0-9_]*[a-z0-9])(?=[`{ ])", section))
+def documented_metric_names() -> set[str]:
+    """The metric families listed in the metric tables of docs/reference.md."""
+    return set(reference_doc.documented_metrics())

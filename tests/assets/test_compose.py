@@ -158,7 +158,7 @@ def test_collector_exports_metrics_where_prometheus_scrapes(collector: dict[str,
         port = collector["exporters"][exporter]["endpoint"].rsplit(":", 1)[1]
         scraped = [t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]]
         assert f"otel-collector:{port}" in scraped
-    # the translation must keep the unit/_total suffixes SPEC's names rely on
+    # the translation must keep the unit/_total suffixes the documented names rely on
     assert collector["exporters"][exporter].get("add_metric_suffixes", True) is True
 
 

@@ -3,24 +3,20 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
 
 import memprof_otel as mp
+from tests.schemas import speedscope_validator
 
 from .models import F32, Tree, WithRaiser
-
-SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
 
 
 @pytest.fixture(scope="module")
 def validator() -> jsonschema.Draft7Validator:
-    if not SCHEMA.exists():
-        pytest.fail(f"vendored speedscope schema missing at {SCHEMA}")
-    return jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+    return speedscope_validator()
 
 
 def _sampled(doc: dict) -> tuple[list[str], dict[tuple[str, ...], int]]:

@@ -15,8 +15,8 @@ import pytest
 
 from memprof_otel.cli import COMMANDS
 from tests.integration.demo_process import REPO, free_ports
+from tests.schemas import validate_speedscope
 
-SPEEDSCOPE_SCHEMA = REPO.parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
 CONSOLE_SCRIPT = Path(sys.executable).parent / "memprof-otel"
 TOKEN = "s3cret-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -219,15 +219,13 @@ def test_info_text_names_every_part() -> None:
 
 @pytest.mark.timeout(180)
 def test_dump_downloads_a_valid_speedscope_file(live: tuple[str, Path], tmp_path: Path) -> None:
-    import jsonschema
-
     url, _ = live
     out = tmp_path / "capture.speedscope.json"
     proc = cli("dump", "--url", url, "--token", TOKEN, "-o", str(out), "--forwards", "2", "--timeout", "30")
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out}" in proc.stdout
     doc = json.loads(out.read_text())
-    jsonschema.Draft7Validator(json.loads(SPEEDSCOPE_SCHEMA.read_text())).validate(doc)
+    validate_speedscope(doc)
     frames = {f["name"] for f in doc["shared"]["frames"]}
     assert {"encoder", "decoder"} <= frames
     assert not list(tmp_path.glob(".memprof-*"))  # no temp file left behind

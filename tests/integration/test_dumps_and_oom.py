@@ -19,8 +19,8 @@ from torch import nn
 import memprof_otel as mp
 from tests.integration.helpers import Traffic, wait_until
 from memprof_otel import hooks
+from tests.schemas import speedscope_validator
 
-SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 RSS = "memprof_process_resident_memory_bytes"
 EMPTY = "aten::empty.memory_format"
@@ -95,9 +95,7 @@ def start(tmp_path: Path, dumps: dict[str, Any] | None = None, **sections: Any) 
 
 @pytest.fixture
 def validator() -> jsonschema.Draft7Validator:
-    if not SCHEMA.exists():
-        pytest.fail(f"vendored speedscope schema missing at {SCHEMA}")
-    return jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+    return speedscope_validator()
 
 
 def counter(client: httpx.Client, name: str, **labels: str) -> float:

@@ -1,5 +1,6 @@
 """The HTTP endpoint, end to end: a real server on port 0 hit with a real client, every route of
-SPEC's table and every error case; then the same routes mounted through WSGI and ASGI."""
+the route table in docs/reference.md and every error case; then the same routes mounted through
+WSGI and ASGI."""
 from __future__ import annotations
 
 import asyncio
@@ -19,13 +20,11 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
+from tests import reference_doc, schemas
 from tests.integration.helpers import Traffic
 
 from .models import F32, Tree
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-SCHEMA = SHARED / "vendor" / "speedscope" / "file-format-schema.json"
-SPEC = SHARED / "SPEC.md"
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 RSS = "memprof_process_resident_memory_bytes"
 BODY_CAP = 1024
@@ -98,9 +97,7 @@ def tree() -> tuple[Tree, mp.Instrumentation]:
 
 @pytest.fixture(scope="module")
 def speedscope_validator() -> jsonschema.Draft7Validator:
-    if not SCHEMA.exists():
-        pytest.fail(f"vendored speedscope schema missing at {SCHEMA}")
-    return jsonschema.Draft7Validator(json.loads(SCHEMA.read_text()))
+    return schemas.speedscope_validator()
 
 
 # ---- /metrics, /healthz, /v1/status ---------------------------------------------------------
@@ -443,11 +440,6 @@ def test_body_over_cap_is_413_before_the_body_is_read(client, server):
 
 # ---- OpenAPI --------------------------------------------------------------------------------
 
-def _spec_routes() -> set[tuple[str, str]]:
-    table = [ln for ln in SPEC.read_text().splitlines() if ln.startswith("| `")]
-    return {(m, p) for ln in table for m, p in re.findall(r"`(GET|PUT|POST|DELETE|PATCH) (/[^?`]*)", ln)}
-
-
 def test_openapi_documents_exactly_the_routes_the_server_answers(client, tree):
     r = client.get("/openapi.json")
     assert r.status_code == 200
@@ -455,7 +447,7 @@ def test_openapi_documents_exactly_the_routes_the_server_answers(client, tree):
     assert re.fullmatch(r"3\.\d+\.\d+", doc["openapi"]) and doc["info"]["version"] == mp.__version__
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     router = set(mp.wsgi_app().endpoint._routes) | {("GET", "/v1/dumps/{id}")}  # the parametrized route
-    assert documented == router == _spec_routes()
+    assert documented == router == reference_doc.documented_routes()
     for (method, path) in sorted(documented):
         op = doc["paths"][path][method.lower()]
         assert op["responses"] and op["summary"]

@@ -1,5 +1,5 @@
-"""A real Prometheus scrapes the endpoint of an instrumented model under traffic: every SPEC metric
-family that can exist on this host is stored and queryable; the GPU families are absent."""
+"""A real Prometheus scrapes the endpoint of an instrumented model under traffic: every documented
+metric family that can exist on this host is stored and queryable; the GPU families are absent."""
 from __future__ import annotations
 
 import threading
@@ -18,7 +18,8 @@ from .prom_server import free_port, running_prometheus
 
 # No GPU on this host (CPU torch, no NVML): these families need one and must not be exported.
 NEEDS_GPU = {d.prom for d in METRICS if d.prom.startswith("memprof_gpu_")}
-# Exported only when the process's cgroup sets a memory limit (SPEC: "cgroup limit, when set").
+NEEDS_GPU.add("memprof_layer_fragmentation_ratio")  # measured per layer on CUDA only
+# Exported only when the process's cgroup sets a memory limit (docs/reference.md: "only exported when one is set").
 WHEN_LIMIT_SET = "memprof_process_memory_limit_bytes"
 
 
@@ -79,7 +80,7 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
                     time.sleep(0.5)
             assert not missing, f"families Prometheus never stored: {missing}\n{prom.log_tail()}"
 
-            # with the labels SPEC gives them (an empty value, the root layer "", is no label in Prometheus)
+            # with the labels docs/reference.md gives them (an empty value, the root layer "", is no label in Prometheus)
             for d in expected:
                 for r in prom.query(promql(d)):
                     labels = set(r["metric"]) - {"__name__", "instance", "job"}

@@ -1,16 +1,14 @@
 """The metric catalog against two independent references: the OTel-to-Prometheus name translation
 (written here from the OpenTelemetry spec, "Prometheus and OpenMetrics compatibility", not taken
-from the library) and the metric names SPEC.md promises."""
+from the library) and the metric tables of the user reference, docs/reference.md."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from memprof_otel.metric_names import BY_PROM, METRICS, MetricDef
-
-SPEC = Path("/work/shared/SPEC.md")
+from tests import reference_doc
 
 # OTel spec: abbreviations are expanded to full words ("unit" table of the compatibility spec)
 _UNIT_WORDS = {
@@ -94,39 +92,34 @@ def test_names_are_unique():
     assert set(BY_PROM) == {d.prom for d in METRICS}
 
 
-def _spec_metrics() -> dict[str, str]:
-    """Name -> kind read from the SPEC's "Prometheus metrics" section: ``(histogram)`` and
-    ``(summary`` right after a name mark those; ``_total`` a counter; ``_info`` an info."""
-    text = SPEC.read_text(encoding="utf-8")
-    section = text.split("## Prometheus metrics", 1)[1]
-    section = section.split("\n## ", 1)[0].split("\nOpenTelemetry:", 1)[0]
-    out: dict[str, str] = {}
-    for m in re.finditer(r"`(memprof_[a-z0-9_]*[a-z0-9])(?:\{[^}`]*\})?[^`]*`(\s*\((histogram|summary))?",
-                         section):
-        name, kind = m.group(1), m.group(3)
-        if kind is None:
-            kind = "counter" if name.endswith("_total") else "info" if name.endswith("_info") else "gauge"
-        out[name] = kind
-    return out
+def test_reference_metric_tables_are_parsed():
+    doc = reference_doc.documented_metrics()
+    # a guard on the parser: the tables list dozens of metrics, some of every kind
+    assert len(doc) >= 40
+    assert {"histogram", "summary", "counter", "gauge", "info"} <= {r.kind for r in doc.values()}
+    assert doc["memprof_operation_duration_seconds"].kind == "histogram"
+    assert doc["memprof_layer_forward_seconds"].kind == "summary"
+    assert doc["memprof_layer_peak_increase_bytes"].labels == ("model", "layer", "device")
+    assert doc["memprof_layer_peak_increase_bytes"].otel == "memprof.layer.peak_increase"
+    assert doc["memprof_build_info"].unit == "" and doc["memprof_build_info"].labels == ("version", "torch_version")
 
 
-def test_spec_metric_section_is_parsed():
-    spec = _spec_metrics()
-    # a guard on the parser: the section names dozens of metrics, some of every kind
-    assert len(spec) >= 40
-    assert {"histogram", "summary", "counter", "gauge", "info"} <= set(spec.values())
-    assert spec["memprof_operation_duration_seconds"] == "histogram"
-    assert spec["memprof_layer_forward_seconds"] == "summary"
+def test_every_documented_metric_is_in_the_catalog_as_documented():
+    doc = reference_doc.documented_metrics()
+    missing = sorted(set(doc) - set(BY_PROM))
+    assert not missing, f"in docs/reference.md but not in METRICS: {missing}"
+    wrong = {n: (r.kind, r.labels, r.otel, r.unit) for n, r in doc.items()
+             if (r.kind, r.labels, r.otel, r.unit) != (BY_PROM[n].kind, BY_PROM[n].labels, BY_PROM[n].otel,
+                                                          BY_PROM[n].unit)}
+    assert not wrong, f"(kind, labels, OTel name, unit) in docs/reference.md differ from METRICS: {wrong}"
+    assert all(r.meaning for r in doc.values())
 
 
-def test_every_spec_metric_is_in_the_catalog_with_its_kind():
-    spec = _spec_metrics()
-    missing = sorted(set(spec) - set(BY_PROM))
-    assert not missing, f"in SPEC.md but not in METRICS: {missing}"
-    wrong = {n: (k, BY_PROM[n].kind) for n, k in spec.items() if BY_PROM[n].kind != k}
-    assert not wrong, f"kind in SPEC vs METRICS: {wrong}"
+def test_every_catalog_metric_is_documented():
+    extra = sorted(set(BY_PROM) - set(reference_doc.documented_metrics()))
+    assert not extra, f"in METRICS but not in docs/reference.md: {extra}"
 
 
-def test_every_catalog_metric_is_in_the_spec():
-    extra = sorted(set(BY_PROM) - set(_spec_metrics()))
-    assert not extra, f"in METRICS but not in SPEC.md: {extra}"
+def test_every_metric_name_the_reference_mentions_exists():
+    unknown = sorted(reference_doc.metric_names_mentioned() - set(BY_PROM))
+    assert not unknown, f"docs/reference.md names metrics that do not exist: {unknown}"

@@ -1,5 +1,5 @@
-"""The public surface: every exported name exists, and every handle method the README and SPEC
-name for the core engine is really there (docs and code cannot drift)."""
+"""The public surface: every exported name exists, and every handle method the README and
+docs/reference.md name for the core engine is really there (docs and code cannot drift)."""
 import memprof_otel as mp
 
 

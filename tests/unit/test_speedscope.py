@@ -1,11 +1,18 @@
-import json
-from pathlib import Path
+import hashlib
 
 import jsonschema
 
 from memprof_otel.speedscope import balanced_calls, build_speedscope
+from tests.schemas import SPEEDSCOPE_SCHEMA, speedscope_schema, validate_speedscope
 
-SCHEMA = Path(__file__).resolve().parents[2].parent / "shared" / "vendor" / "speedscope" / "file-format-schema.json"
+
+def test_vendored_schema_is_the_published_one():
+    # the file named in tests/vendor/speedscope/README.md, unmodified, and a valid draft-07 schema
+    digest = hashlib.sha256(SPEEDSCOPE_SCHEMA.read_bytes()).hexdigest()
+    assert digest in (SPEEDSCOPE_SCHEMA.parent / "README.md").read_text(encoding="utf-8")
+    assert (SPEEDSCOPE_SCHEMA.parent / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
+    jsonschema.Draft7Validator.check_schema(speedscope_schema())
+    assert speedscope_schema()["$ref"] == "#/definitions/FileFormat.File"
 
 
 def test_build_merges_stacks_and_validates():
@@ -13,7 +20,7 @@ def test_build_merges_stacks_and_validates():
                                  (("m", "aten::add"), 8), (("m", "x"), 0)],
                            [("O", "m", 1.0), ("O", "a", 1.001), ("C", "a", 1.002), ("C", "m", 1.003)],
                            exporter="test")
-    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(doc)
+    validate_speedscope(doc)
     sampled, evented = doc["profiles"]
     assert sampled["weights"] == [150, 8] and sampled["endValue"] == 158
     names = [f["name"] for f in doc["shared"]["frames"]]

@@ -1,0 +1,106 @@
+"""Reads docs/reference.md, the user-facing reference, so that tests check the code against it.
+
+The reference is the project's own statement of its public names: the tests compare its metric
+tables with the metric catalog and a live /metrics, its route table with the router and
+/openapi.json, its configuration table with the config loader and its CLI table with the command
+list. These helpers only parse the document; they know nothing of the code.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "docs" / "reference.md"
+
+
+class MetricRow(NamedTuple):
+    name: str                 # Prometheus family name as scraped
+    kind: str                 # gauge | counter | histogram | summary | info
+    labels: tuple[str, ...]
+    otel: str                 # OTel instrument name
+    unit: str                 # OTel unit ("" where the table says "—")
+    meaning: str
+
+
+@functools.cache
+def text() -> str:
+    return REFERENCE.read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    """The body of the ``## title`` section, up to the next ``## `` heading (subsections included)."""
+    m = re.search(rf"^## {re.escape(title)}[ \t]*\n", text(), re.M)
+    if m is None:
+        raise LookupError(f"no '## {title}' section in {REFERENCE}")
+    end = re.search(r"^## ", text()[m.end():], re.M)
+    return text()[m.end(): m.end() + end.start() if end else None]
+
+
+def table_rows(body: str) -> list[list[str]]:
+    """Data rows of the Markdown tables in ``body`` (those whose first cell is backticked), as cells."""
+    rows = []
+    for line in body.splitlines():
+        line = line.strip()
+        if line.startswith("| `"):
+            rows.append([c.strip() for c in line.strip("|").split(" | ")])
+    return rows
+
+
+def _backticked(cell: str) -> list[str]:
+    return re.findall(r"`([^`]*)`", cell)
+
+
+def first_code(cell: str) -> str:
+    codes = _backticked(cell)
+    if not codes:
+        raise ValueError(f"no backticked name in table cell {cell!r}")
+    return codes[0]
+
+
+def documented_metrics() -> dict[str, MetricRow]:
+    """Every row of the metric tables under "Prometheus metrics", by Prometheus name."""
+    out: dict[str, MetricRow] = {}
+    for cells in table_rows(section("Prometheus metrics")):
+        if len(cells) != 6:
+            raise ValueError(f"metric row needs 6 cells (metric, type, labels, OTel instrument, OTel unit, "
+                             f"meaning), got {cells}")
+        name, kind, labels, otel, unit, meaning = cells
+        row = MetricRow(first_code(name), kind, tuple(_backticked(labels)), first_code(otel),
+                        "" if unit in ("—", "-", "") else first_code(unit), meaning)
+        if row.name in out:
+            raise ValueError(f"{row.name} is listed twice")
+        out[row.name] = row
+    return out
+
+
+def metric_names_mentioned() -> set[str]:
+    """Every ``memprof_*`` metric name written anywhere in the document (the import package
+    ``memprof_otel`` aside)."""
+    return set(re.findall(r"\bmemprof_[a-z0-9_]*[a-z0-9]", text())) - {"memprof_otel"}
+
+
+def documented_routes() -> set[tuple[str, str]]:
+    """(method, path) of every row of the route table; query strings dropped."""
+    routes = set()
+    for cells in table_rows(section("HTTP endpoint")):
+        routes.update(re.findall(r"`(GET|PUT|POST|DELETE|PATCH) (/[^?`\s]*)", cells[0]))
+    return routes
+
+
+def documented_config() -> dict[str, str]:
+    """Dotted config key -> the default as written in the configuration table."""
+    return {first_code(cells[0]): cells[1] for cells in table_rows(section("Configuration"))}
+
+
+def documented_commands() -> set[str]:
+    """Subcommand names from the CLI table (``memprof-otel info [--json]`` -> ``info``)."""
+    out = set()
+    for cells in table_rows(section("CLI")):
+        words = first_code(cells[0]).split()
+        if words[0] != "memprof-otel" or len(words) < 2:
+            raise ValueError(f"CLI row must start with `memprof-otel COMMAND`: {cells[0]}")
+        out.add(words[1])
+    return out
