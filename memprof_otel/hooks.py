@@ -14,6 +14,7 @@ import threading
 from typing import Any, Protocol
 
 from torch.compiler import is_compiling
+from torch.nn.modules import module as _torch_module
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 
@@ -25,7 +26,11 @@ class LayerSink(Protocol):
 _get_ident = threading.get_ident
 _lock = threading.Lock()
 _sinks: dict[int, LayerSink] = {}  # thread ident -> that thread's sink
-_handles: list[Any] = []
+_installed = False
+# Our entries in torch's global hook dicts, under the same keys every time. Dynamo guards a graph
+# traced while our hooks were installed on those dicts' keys; fresh handles per attributed forward
+# made every compiled region recompile each time, and run eager for good past the recompile limit.
+_keys: list[int] = []
 
 
 def active_sink() -> LayerSink | None:
@@ -53,9 +58,8 @@ def _post(module: Any, args: Any, output: Any) -> None:
 def activate(sink: LayerSink) -> None:
     """Route this thread's module calls to ``sink`` (installing the global hooks if needed)."""
     with _lock:
-        if not _handles:
-            _handles.append(register_module_forward_pre_hook(_pre))
-            _handles.append(register_module_forward_hook(_post, always_call=True))
+        if not _installed:
+            _install()
         _sinks[_get_ident()] = sink
 
 
@@ -72,11 +76,30 @@ def deactivate_thread(ident: int, sink: LayerSink | None = None) -> None:
             return
         del _sinks[ident]
         if not _sinks:
-            for h in _handles:
-                h.remove()
-            _handles.clear()
+            _uninstall()
 
 
 def installed() -> bool:
     with _lock:
-        return bool(_handles)
+        return _installed
+
+
+def _install() -> None:
+    global _installed
+    if not _keys:
+        pre = register_module_forward_pre_hook(_pre)
+        post = register_module_forward_hook(_post, always_call=True)
+        _keys[:] = [pre.id, post.id]
+    else:
+        _torch_module._global_forward_pre_hooks[_keys[0]] = _pre
+        _torch_module._global_forward_hooks[_keys[1]] = _post
+        _torch_module._global_forward_hooks_always_called[_keys[1]] = True
+    _installed = True
+
+
+def _uninstall() -> None:
+    global _installed
+    _torch_module._global_forward_pre_hooks.pop(_keys[0], None)
+    _torch_module._global_forward_hooks.pop(_keys[1], None)
+    _torch_module._global_forward_hooks_always_called.pop(_keys[1], None)
+    _installed = False

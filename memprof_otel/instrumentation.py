@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
+from torch._dynamo.eval_frame import OptimizedModule as _OptimizedModule
+from torch._dynamo.eval_frame import skip_code as _skip_code
 from torch.compiler import is_compiling as _is_compiling
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
@@ -31,6 +34,7 @@ from .capture import Capture
 from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState
 from .sources import registry
+from .sources.glibc import HeapLevelCounter
 from .sources.ledger import LedgerMode, TensorLedger
 
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
@@ -65,10 +69,13 @@ class Instrumentation:
         self._model_ref = weakref.ref(model)
         self._root_key = id(model)
         acfg = config.attribution
-        named = select_layers((p for p, _ in model.named_modules()), max_depth=acfg.max_depth,
+        # torch.compile(m) wraps m: layer paths are m's own (no "_orig_mod." prefix)
+        tree = model._orig_mod if isinstance(model, _OptimizedModule) else model
+        named = select_layers((p for p, _ in tree.named_modules()), max_depth=acfg.max_depth,
                               include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
-        mods = dict(model.named_modules())
+        mods = dict(tree.named_modules())
         self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
+        self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)
         self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
@@ -97,6 +104,9 @@ class Instrumentation:
         # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
         self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
         self._open_lock = threading.Lock()
+        self._wrapped: _CompiledCall | None = None  # our stand-in for an m.compile()d root's call
+        # the forward that opened while m.compile() replaced our hooks: closed when its args go
+        self._close_on_release: ForwardState | None = None
         self._handles: list[Any] = []
         self._attach(model)
 
@@ -106,6 +116,9 @@ class Instrumentation:
         return self._model_ref()
 
     def _attach(self, model: nn.Module) -> None:
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            self._wrap_compiled_call(model)
+            return
         handles = []
         for path, mod in self._entry_points(model):
             handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path)))
@@ -122,6 +135,8 @@ class Instrumentation:
         its fused fast path).
         """
         points: dict[int, tuple[str, nn.Module]] = {id(model): ("", model)}
+        if isinstance(model, _OptimizedModule):
+            return list(points.values())  # its forwards are compiled: root-level figures only
         candidates = [m for _, m in model.named_children()]
         for getter in ("get_encoder", "get_decoder"):
             fn = getattr(model, getter, None)
@@ -146,6 +161,23 @@ class Instrumentation:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        model = self._model_ref()
+        w, self._wrapped = self._wrapped, None
+        if w is not None and model is not None and model.__dict__.get("_compiled_call_impl") is w:
+            model._compiled_call_impl = w.inner
+
+    def _wrap_compiled_call(self, model: nn.Module) -> None:
+        """``m.compile()``d root: an eager wrapper around the compiled call, no local hook.
+
+        ``Module._wrapped_call_impl`` calls ``_compiled_call_impl`` when set; our wrapper there runs
+        outside the compiled region. A local hook would not do: on a torch.nn builtin (an
+        ``nn.Sequential``) any hook makes Dynamo compile a forward the user's compile left eager,
+        and so change its outputs.
+        """
+        w = _CompiledCall(self, model._compiled_call_impl)
+        model._compiled_call_impl = w
+        self._wrapped = w
+        self._handles = [w]
 
     @property
     def layer_count(self) -> int:
@@ -262,7 +294,17 @@ class Instrumentation:
             self._events.clear()
 
     # ---- hooks -----------------------------------------------------------------------------
-    def _on_pre(self, module: nn.Module, path: str, args: Any) -> Any:
+    def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False) -> Any:
+        if (under_dynamo and path == "" and getattr(module, "_compiled_call_impl", None) is not None
+                and not isinstance(module._compiled_call_impl, _CompiledCall) and not self._closed and self._owns(module, path)):
+            # m.compile() after instrument(): drop our local hooks before Dynamo looks at forward
+            # (hooks on a torch.nn builtin make it compile), wrap the compiled call for
+            # later forwards; this forward closes when _call_impl releases its args
+            self._detach()
+            self._wrap_compiled_call(module)
+            switching = True
+        else:
+            switching = False
         key = id(module)
         tls = self._tls
         if tls.open_key is not None:
@@ -286,17 +328,22 @@ class Instrumentation:
         try:
             if hooks.active_sink() is None:
                 cap = self._capture
+                compiled = (under_dynamo or isinstance(module, _OptimizedModule)
+                            or getattr(module, "_compiled_call_impl", None) is not None)
                 if cap is not None and cap.claim():
-                    self._begin(module, path, t, cap)
+                    self._begin(module, path, t, cap, compiled)
                 elif self.scheduler.should_attribute():
-                    self._begin(module, path, t, None)
+                    self._begin(module, path, t, None, compiled)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
         finally:
             tls.busy = False
         tls.self_time_s = time.perf_counter() - t
-        if tls.state is None:
+        if switching and tls.state is not None:  # our post-hook is gone: close when args are released
+            self._close_on_release = tls.state
+            return _ForwardArgs(args, self, threading.get_ident(), tls.state)
+        if tls.state is None or under_dynamo or tls.mode is None:
             return None
         # An attributed forward changed this thread (dispatch mode, global hooks). PyTorch runs
         # always_call hooks on Exception only: a KeyboardInterrupt, CancelledError or SystemExit
@@ -327,6 +374,10 @@ class Instrumentation:
         if threading.get_ident() == ident and tls.state is state and not tls.busy:
             tls.busy = True
             try:
+                if self._close_on_release is state:
+                    self._close_on_release = None
+                    self._close(tls, time.perf_counter(), False, None)
+                    return
                 self._recover(tls)
             finally:
                 tls.busy = False
@@ -411,9 +462,13 @@ class Instrumentation:
             hooks.deactivate_thread(ident, state)
 
     # ---- attribution -----------------------------------------------------------------------
-    def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None) -> None:
+    def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None,
+               compiled: bool = False) -> None:
         if cap is not None:
             self._tls.capture = cap  # released in _root_post whatever happens next
+        if compiled:
+            self._begin_compiled(module, path, t)
+            return
         device = _module_device(module)
         self.last_device = str(device)
         baseline = 0
@@ -453,6 +508,29 @@ class Instrumentation:
             tls.mode = mode
         with self._open_lock:
             self._open[threading.get_ident()] = (state, mode)
+        state.begin(t)
+
+    def _begin_compiled(self, module: nn.Module, path: str, t: float) -> None:
+        """A forward that runs compiled code: root-level figures only.
+
+        No global hooks (module hooks do not run inside a compiled region) and no ledger (inductor
+        allocates its buffers outside the dispatcher: a ledger would read 0). On CUDA the caching
+        allocator's counters see everything the compiled code allocates: peak and retained exact.
+        On CPU the host heap's in-use bytes are read at entry and exit: approximate.
+        """
+        device = _module_device(module)
+        self.last_device = str(device)
+        counter: Any = None
+        if device.type == "cuda":
+            counter = registry.cuda_allocator(device.index or 0)
+        else:
+            host = registry.host_allocator()
+            counter = HeapLevelCounter(host) if host is not None else None
+        if counter is None:
+            return
+        state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
+                             self._count_error, record_events=self.config.attribution.max_events > 0)
+        self._tls.state = state
         state.begin(t)
 
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
@@ -517,16 +595,53 @@ class _RootHook:
             # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
             # graph break, no changed output); the eager hooks around the region do the work
             return
-        if self.pre:
-            return self.h._on_pre(module, self.path, args)
-        self.h._on_post(module, output)
-        return None
+        if _eval_frame_callback() is None:
+            return _hook_body(self, module, args, output, False)
+        # a top-level frame under a Dynamo context (Module._call_impl is a skipped frame, its
+        # hooks are not): run eagerly, untraced; __call__ itself is skip_code()d below
+        return _hook_body_untraced(self, module, args, output, True)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_InertHook, ())
+
+
+def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, under_dynamo: bool) -> Any:
+    if hook.pre:
+        return hook.h._on_pre(module, hook.path, args, under_dynamo)
+    hook.h._on_post(module, output)
+    return None
+
+
+_hook_body_untraced = torch.compiler.disable(_hook_body)
+_skip_code(_RootHook.__call__.__code__)
+
+
+class _CompiledCall:
+    """Stands in for ``model._compiled_call_impl`` (set by ``m.compile()``): our pre/post around
+    the compiled call, run eagerly; ``uninstrument()`` puts the original back."""
+
+    def __init__(self, h: Instrumentation, inner: Any) -> None:
+        self.h = h
+        self.inner = inner
+
+    def remove(self) -> None:  # a handle, for _detach
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return self.inner(*args, **kwargs)
+        model = self.h._model_ref()
+        self.h._on_pre(model, "", args, True)
+        ok = False
+        try:
+            out = self.inner(*args, **kwargs)
+            ok = True
+            return out
+        finally:
+            self.h._on_post(model, out if ok else None)
 
 
 class _ForwardArgs(tuple):

@@ -293,3 +293,25 @@ class HostAllocatorSource:
 
     def stats(self) -> dict[str, float]:
         return self.read()
+
+
+class HeapLevelCounter:
+    """The host heap's in-use bytes as a hot counter, for forwards the ledger cannot see into.
+
+    Compiled (inductor) CPU code allocates its buffers without going through the dispatcher, so a
+    tensor ledger reads 0 there. mallinfo2's in-use bytes (``uordblks + hblkhd``) do include those
+    buffers, along with any other malloc of the process in the meantime, and glibc keeps no peak
+    register: a peak between two reads is not seen. So figures from this counter are approximate,
+    ``retained`` is the heap's change over the call and the peak is a lower bound.
+    """
+
+    def __init__(self, host: HostAllocatorSource) -> None:
+        self.host = host
+
+    def read_and_reset(self) -> Reading:
+        f = self.host.read(force=True)
+        a = int(f["allocated_bytes"])
+        return Reading(a, int(f["reserved_bytes"]), a, 0, 0, None, 0)
+
+    def reset_peak(self) -> None:
+        return None
