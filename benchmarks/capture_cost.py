@@ -35,8 +35,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from memprof_otel.dump_store import DumpStore  # noqa: E402
-from memprof_otel.dumps import dump_service  # noqa: E402
+from memprof_otel.dumps.store import DumpStore  # noqa: E402
+from memprof_otel.dumps.service import dump_service  # noqa: E402
 
 from ._paired import paired  # noqa: E402
 from .overhead import gpt2, gpt2_workloads, minilm, minilm_workloads  # noqa: E402

@@ -7,16 +7,16 @@ from __future__ import annotations
 from ._version import __version__
 from .api import end_phase, mark_operation, plot, report, shutdown, start_monitoring, stop_monitoring, timeline
 from .attribution.stats import LayerMemoryStats
-from .capture import Capture
+from .dumps.capture import Capture
 from .config import Config, load_config
-from .http_server import Server, asgi_app, serve, wsgi_app
+from .http.server import Server, asgi_app, serve, wsgi_app
 from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound,
                      InstrumentationError, InvalidDumpId, MemprofError, ServeError, SourceUnavailable, UnknownModel)
-from .instrumentation import Instrumentation, instrument
-from .operations import current_operation, operation
+from .attribution.torch.instrumentation import Instrumentation, instrument
+from .telemetry.operations import current_operation, operation
 from .timeline import OperationRecord, Sample, Timeline
-from .timeline_export import ExportError
-from .watchdog import add_alert_callback, remove_alert_callback
+from .reports.timeline_export import ExportError
+from .watchdog.adapter import add_alert_callback, remove_alert_callback
 
 __all__ = sorted([
     "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "DumpNotFound",

@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import plot as _plot_module  # noqa: F401  load before mp.plot is bound: a lazy
-from . import report as _report_module  # noqa: F401  submodule import would replace the function
+from .reports import plot as _plot_module  # noqa: F401  load before mp.plot is bound: a lazy
+from .reports import text as _report_module  # noqa: F401  submodule import would replace the function
 from .config import Config
-from .operations import operation
+from .telemetry.operations import operation
 from .runtime import runtime
 from .timeline import OperationRecord, Timeline
 
@@ -55,7 +55,7 @@ def timeline(since: float | None = None) -> Timeline:
 
 def report() -> str:
     """The operations report: peak RSS, when, during which operation; a numbered timeline."""
-    from .report import format_report
+    from .reports.text import format_report
 
     rt = runtime()
     samples = rt.sampler.samples() if rt.sampler is not None else []
@@ -64,7 +64,7 @@ def report() -> str:
 
 def plot(path: str | os.PathLike[str]) -> None:
     """Write the 4-panel PNG (memory with phases, CPU, disk I/O per phase, durations)."""
-    from .plot import plot_timeline
+    from .reports.plot import plot_timeline
 
     plot_timeline(timeline(), path)
 

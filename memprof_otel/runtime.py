@@ -16,10 +16,10 @@ from typing import Any, Callable
 from ._log import rate_limited
 from ._version import __version__
 from .config import Config, load_config
-from .operation_stats import OperationStats
-from .operations import OperationTracker
-from .sampler import Sampler, SourceSpec, check_gpus
-from .series import LayerView, SelfView, Series, build_series
+from .telemetry.operation_stats import OperationStats
+from .telemetry.operations import OperationTracker
+from .telemetry.sampler import Sampler, SourceSpec, check_gpus
+from .telemetry.series import LayerView, SelfView, Series, build_series
 from .sources import registry
 from .timeline import OperationRecord
 
@@ -116,7 +116,7 @@ class Runtime:
         if cfg.otel.enabled and (self.otel is None or otel_changed or meter_provider or tracer_provider):
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
-        from .watchdog import Watchdog
+        from .watchdog.adapter import Watchdog
 
         self.watchdog = Watchdog(self, cfg.watchdog)
         sampler.add_listener(self.watchdog.on_sample)
@@ -129,7 +129,7 @@ class Runtime:
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:
-            from .otel_export import OtelExporter
+            from .export.otel import OtelExporter
 
             if self.otel is not None:
                 self.otel.shutdown(1.0)
@@ -215,7 +215,7 @@ class Runtime:
 
     # ---- the one data path exporters read --------------------------------------------------
     def layer_views(self) -> list[LayerView]:
-        from .instrumentation import live_instrumentations
+        from .attribution.torch.instrumentation import live_instrumentations
 
         views = []
         for name, h in sorted(live_instrumentations().items()):

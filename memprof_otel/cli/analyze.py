@@ -79,7 +79,7 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import format_report
+    from ..reports.text import format_report
     from ..timeline import Timeline
 
     doc = load(args.timeline)
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print()
     print(format_report(samples, ops))
     if args.png:
-        from ..plot import plot_timeline
+        from ..reports.plot import plot_timeline
 
         plot_timeline(Timeline.from_samples(samples, ops), args.png)
         print(f"\nplot written to {os.fspath(args.png)}")

@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..timeline_export import write_bytes_atomic
+    from ..reports.timeline_export import write_bytes_atomic
 
     if not 1 <= args.forwards <= 1000:
         raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", 2)

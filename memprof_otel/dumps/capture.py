@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from ._version import __version__
+from .._version import __version__
 from .speedscope import balanced_calls, build_speedscope
 
 
@@ -66,7 +66,7 @@ class Capture:
                                 exporter=f"memprof-otel {__version__}")
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        from .timeline_export import write_json_atomic
+        from ..reports.timeline_export import write_json_atomic
 
         write_json_atomic(self.speedscope(), path)
 

@@ -11,11 +11,11 @@ import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from ._log import rate_limited
-from .oom import is_oom
+from .._log import rate_limited
+from ..oom import is_oom
 
 if TYPE_CHECKING:
-    from .instrumentation import Instrumentation
+    from ..attribution.torch.instrumentation import Instrumentation
 
 LAST_SAMPLES = 30
 
@@ -48,8 +48,8 @@ class OomRecorder:
     def forward_done(self, h: "Instrumentation", state: Any, raised: bool, exc: BaseException | None) -> None:
         if not raised or not is_oom(exc):
             return
-        from .dumps import dump_service
-        from .runtime import runtime
+        from .service import dump_service
+        from ..runtime import runtime
 
         assert exc is not None
         rt = runtime()

@@ -11,14 +11,14 @@ import threading
 import time
 from typing import Any
 
-from ._log import rate_limited
+from .._log import rate_limited
 from .capture import Capture
-from .dump_store import DumpInfo, DumpStore
-from .errors import CaptureBusy, CaptureTimeout, MemprofError, UnknownModel
-from .instrumentation import Instrumentation, live_instrumentations
-from .runtime import runtime
+from .store import DumpInfo, DumpStore
+from ..errors import CaptureBusy, CaptureTimeout, MemprofError, UnknownModel
+from ..attribution.torch.instrumentation import Instrumentation, live_instrumentations
+from ..runtime import runtime
 from .speedscope import balanced_calls
-from .timeline_export import ExportError
+from ..reports.timeline_export import ExportError
 
 
 def pick_model(name: str | None) -> Instrumentation:
@@ -46,7 +46,7 @@ class DumpService:
     @property
     def store(self) -> DumpStore:
         cfg = runtime().config
-        from .config import DumpsConfig
+        from ..config import DumpsConfig
 
         d = cfg.dumps if cfg is not None else DumpsConfig()
         key = (d.dir, d.max_files, d.max_bytes)

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 
 from prometheus_client.utils import floatToGoString
 
-from .metric_names import BY_PROM
-from .series import LayerView
+from ..metric_names import BY_PROM
+from ..telemetry.series import LayerView
 
 LAYER_GAUGES = (("memprof_layer_peak_increase_bytes", "peak_increase"),
                 ("memprof_layer_peak_allocated_bytes", "peak_allocated"),

@@ -20,11 +20,11 @@ from opentelemetry import trace as otel_trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Status, StatusCode
 
-from ._log import rate_limited
-from ._version import __version__
-from .config import OtelConfig
-from .metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS, METRICS, MetricDef
-from .timeline import OperationRecord
+from .._log import rate_limited
+from .._version import __version__
+from ..config import OtelConfig
+from ..metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS, METRICS, MetricDef
+from ..timeline import OperationRecord
 
 SeriesFn = Callable[[], Mapping[str, Sequence[tuple[Mapping[str, str], float]]]]
 ErrorFn = Callable[[str], None]

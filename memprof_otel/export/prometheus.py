@@ -15,13 +15,13 @@ from prometheus_client.samples import Exemplar
 
 from prometheus_client.exposition import choose_encoder
 
-from ._log import rate_limited
+from .._log import rate_limited
 from .layer_exposition import LAYER_FAMILIES, render_layer_families
-from .metric_names import BY_PROM, METRICS, MetricDef
-from .series import layer_forward_series
+from ..metric_names import BY_PROM, METRICS, MetricDef
+from ..telemetry.series import layer_forward_series
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 
 class MemprofCollector(Collector):

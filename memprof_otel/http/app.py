@@ -16,13 +16,13 @@ from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs
 
 
-from ._log import rate_limited
-from ._version import __version__
-from .config import ConfigError, parse_rule
-from .errors import (CaptureBusy, CaptureTimeout, DumpNotFound, InstrumentationError, InvalidDumpId,
+from .._log import rate_limited
+from .._version import __version__
+from ..config import ConfigError, parse_rule
+from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
-from .prom_collector import make_registry, render_exposition
-from .timeline_export import ExportError
+from ..export.prometheus import make_registry, render_exposition
+from ..reports.timeline_export import ExportError
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
 JSON = "application/json"
@@ -116,7 +116,7 @@ class Endpoint:
 
     def __init__(self, token: str | None = None, bind_host: str | None = None,
                  max_body_bytes: int | None = None, base_url: str = "") -> None:
-        from .runtime import runtime
+        from ..runtime import runtime
 
         self.rt = runtime()
         cfg = self.rt.config
@@ -206,8 +206,8 @@ class Endpoint:
         return json_response(200, {"status": "ok"})
 
     def status(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from .instrumentation import live_instrumentations
-        from .sources import registry
+        from ..attribution.torch.instrumentation import live_instrumentations
+        from ..sources import registry
 
         models = []
         for name, h in sorted(live_instrumentations().items()):
@@ -228,8 +228,8 @@ class Endpoint:
             "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix})
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from .dumps import pick_model
-        from .instrumentation import live_instrumentations
+        from ..dumps.service import pick_model
+        from ..attribution.torch.instrumentation import live_instrumentations
 
         name = q.get("model", [None])[-1]
         handles = [pick_model(name)] if name else list(live_instrumentations().values())
@@ -278,7 +278,7 @@ class Endpoint:
         return json_response(200, {"rules": [r.to_dict() for r in wd.rules]})
 
     def post_dump(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from .dumps import dump_service
+        from ..dumps.service import dump_service
 
         kind = q.get("kind", ["speedscope"])[-1]
         if kind != "speedscope":
@@ -305,12 +305,12 @@ class Endpoint:
         return json_response(201, d, {"Location": f"/v1/dumps/{info.id}"})
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from .dumps import dump_service
+        from ..dumps.service import dump_service
 
         return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in dump_service().store.list()]})
 
     def get_dump(self, req: Request, q: Mapping[str, list[str]], dump_id: str) -> Response:
-        from .dumps import dump_service
+        from ..dumps.service import dump_service
 
         try:
             body = dump_service().store.read(dump_id)

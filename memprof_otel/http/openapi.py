@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._version import __version__
+from .._version import __version__
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _OBJ = {"application/json": {"schema": {"type": "object"}}}

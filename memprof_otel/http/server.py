@@ -13,8 +13,8 @@ from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from .errors import ConfigError, ServeError
-from .http_app import Endpoint, Request, Response, error_response
+from ..errors import ConfigError, ServeError
+from .app import Endpoint, Request, Response, error_response
 
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
@@ -136,7 +136,7 @@ class Server:
     """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager)."""
 
     def __init__(self, host: str, port: int, token: str | None) -> None:
-        from .runtime import runtime
+        from ..runtime import runtime
 
         rt = runtime()
         rt.ensure_started()
@@ -164,7 +164,7 @@ class Server:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout)
-        from .runtime import runtime
+        from ..runtime import runtime
 
         try:
             runtime().servers.remove(self)
@@ -183,7 +183,7 @@ class Server:
 
 def serve(host: str | None = None, port: int | None = None, token: str | None = None) -> Server:
     """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
-    from .runtime import runtime
+    from ..runtime import runtime
 
     cfg = runtime().ensure_started().config
     assert cfg is not None

@@ -12,11 +12,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import MemprofError
-from .report import operation_at, ordered_operations
-from .timeline import OperationRecord, Timeline
+from ..errors import MemprofError
+from .text import operation_at, ordered_operations
+from ..timeline import OperationRecord, Timeline
 from .timeline_export import ExportError, write_bytes_atomic  # noqa: F401  (ExportError: documented raise)
-from .units import format_bytes
+from ..units import format_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .units import format_bytes
+from ..units import format_bytes
 
 if TYPE_CHECKING:
-    from .instrumentation import Instrumentation
+    from ..attribution.torch.instrumentation import Instrumentation
 
 
 def summary_dict(h: "Instrumentation", top: int = 10) -> dict[str, Any]:

@@ -8,8 +8,8 @@ import math
 import time
 from typing import Iterable, NamedTuple, Sequence
 
-from .timeline import OperationRecord, Sample
-from .units import format_bytes
+from ..timeline import OperationRecord, Sample
+from ..units import format_bytes
 
 DEFAULT_TITLE = "MEMPROF-OTEL MEMORY REPORT"
 

@@ -6,10 +6,10 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from .errors import MemprofError
+from ..errors import MemprofError
 
 if TYPE_CHECKING:
-    from .instrumentation import Instrumentation
+    from ..attribution.torch.instrumentation import Instrumentation
 
 
 class ExportError(MemprofError, OSError):
@@ -17,7 +17,7 @@ class ExportError(MemprofError, OSError):
 
 
 def timeline_document(h: "Instrumentation") -> dict[str, Any]:
-    from .runtime import runtime
+    from ..runtime import runtime
 
     rt = runtime()
     return {

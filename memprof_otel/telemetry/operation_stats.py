@@ -11,9 +11,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .attribution.selection import OTHER
-from .metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS
-from .timeline import OperationRecord
+from ..attribution.selection import OTHER
+from ..metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS
+from ..timeline import OperationRecord
 
 
 @dataclass

@@ -16,10 +16,10 @@ import time
 from collections import deque
 from typing import Any, Callable, Protocol, TypeVar
 
-from ._log import rate_limited
-from .errors import MemprofError
-from .oom import is_oom
-from .timeline import OperationRecord, Sample
+from .._log import rate_limited
+from ..errors import MemprofError
+from ..oom import is_oom
+from ..timeline import OperationRecord, Sample
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -180,7 +180,7 @@ class operation:
             f"memprof_operation_stack_{id(self)}", default=())
 
     def __enter__(self) -> OperationRecord | None:
-        from .runtime import runtime
+        from ..runtime import runtime
 
         tracker = runtime().operations_tracker()
         if tracker is None:
@@ -200,7 +200,7 @@ class operation:
         stack = self._stacks.get()
         if not stack:
             return
-        from .runtime import runtime
+        from ..runtime import runtime
 
         rec, ctx_token, span, token = stack[-1]
         self._stacks.set(stack[:-1])

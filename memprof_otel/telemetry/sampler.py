@@ -17,8 +17,8 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Mapping
 
-from ._log import rate_limited
-from .timeline import GpuReading, Sample
+from .._log import rate_limited
+from ..timeline import GpuReading, Sample
 
 ReadFn = Callable[[], Any]
 Listener = Callable[[Sample], None]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .attribution.selection import OTHER
-from .timeline import Sample
+from ..attribution.selection import OTHER
+from ..timeline import Sample
 
 Labels = dict[str, str]
 Series = dict[str, list[tuple[Labels, float]]]

@@ -12,14 +12,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from ._log import rate_limited
-from .alerts import FIRING, RESOLVED, AlertEngine, Transition
-from .config import WatchdogConfig, WatchdogRule
-from .series import Labels
-from .timeline import Sample
+from .._log import rate_limited
+from .engine import FIRING, RESOLVED, AlertEngine, Transition
+from ..config import WatchdogConfig, WatchdogRule
+from ..telemetry.series import Labels
+from ..timeline import Sample
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from ..runtime import Runtime
 
 log = logging.getLogger("memprof_otel.watchdog")
 AlertCallback = Callable[[dict[str, Any]], None]
@@ -108,7 +108,7 @@ class Watchdog:
             self._rt.count_dump("speedscope", "rate_limited")
             return
         self._last_dump = now
-        from .dumps import dump_service
+        from ..dumps.service import dump_service
 
         def run() -> None:
             dump_service().capture_all(reason=f"alert:{rule.name}", forwards=1, timeout=60.0)

@@ -10,7 +10,7 @@ import torch.nn.modules.module as torch_module
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel import hooks
+from memprof_otel.attribution.torch import hooks
 
 from .models import F32, KwargsDict, Tree, WithRaiser
 
@@ -241,7 +241,7 @@ def test_hook_failure_is_counted_and_the_forward_runs(x, monkeypatch):
     model = Tree()
     plain = model(x)
     with mp.instrument(model, **EVERY) as h:
-        from memprof_otel.forward_state import ForwardState
+        from memprof_otel.attribution.torch.forward_state import ForwardState
 
         def broken(self, path, key, t):
             raise RuntimeError("telemetry bug")

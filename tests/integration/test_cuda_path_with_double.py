@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
-import memprof_otel.instrumentation as instrument_mod
+import memprof_otel.attribution.torch.instrumentation as instrument_mod
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble, round_size
@@ -151,7 +151,7 @@ def test_cuda_history_is_bounded_and_stored_beside_the_dump(history, tmp_path):
     model = DeviceNet(dev)
     import threading
 
-    from memprof_otel.dumps import dump_service
+    from memprof_otel.dumps.service import dump_service
 
     with mp.instrument(model, name="devnet", **EVERY):
         stop = threading.Event()

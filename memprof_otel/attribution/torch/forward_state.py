@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol
 
-from .attribution.peaks import LayerCall, PeakTracker
-from .sources.base import Reading
+from ..peaks import LayerCall, PeakTracker
+from ...sources.base import Reading
 
 
 class HotCounter(Protocol):

@@ -24,18 +24,18 @@ from torch.compiler import is_compiling as _is_compiling
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import hooks
-from ._log import rate_limited
-from .attribution.scheduler import AttributionScheduler
-from .attribution.selection import OTHER, select_layers
-from .attribution.stats import LayerAccumulator, LayerMemoryStats
-from .attribution.windows import WindowFigures, WindowedPeaks
-from .config import Config, load_config
-from .capture import Capture
-from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
+from ..._log import rate_limited
+from ..scheduler import AttributionScheduler
+from ..selection import OTHER, select_layers
+from ..stats import LayerAccumulator, LayerMemoryStats
+from ..windows import WindowFigures, WindowedPeaks
+from ...config import Config, load_config
+from ...dumps.capture import Capture
+from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState
-from .sources import registry
-from .sources.glibc import HeapLevelCounter
-from .sources.ledger import LedgerMode, TensorLedger
+from ...sources import registry
+from ...sources.glibc import HeapLevelCounter
+from ...sources.ledger import LedgerMode, TensorLedger
 
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
@@ -250,12 +250,12 @@ class Instrumentation:
             return list(self._events)
 
     def summary_dict(self) -> dict[str, Any]:
-        from .summary import summary_dict
+        from ...reports.summary import summary_dict
 
         return summary_dict(self)
 
     def summary(self) -> str:
-        from .summary import format_summary
+        from ...reports.summary import format_summary
 
         return format_summary(self)
 
@@ -263,7 +263,7 @@ class Instrumentation:
         print(self.summary())
 
     def export_timeline(self, path: str) -> None:
-        from .timeline_export import write_timeline
+        from ...reports.timeline_export import write_timeline
 
         write_timeline(self, path)
 
@@ -410,7 +410,7 @@ class Instrumentation:
                     if self._capture is cap:
                         self._capture = None
                 if not cap.cancelled:
-                    from .dumps import emit_capture_spans
+                    from ...dumps.service import emit_capture_spans
 
                     emit_capture_spans(self.name, cap)  # never raises: errors are counted
         self_time += end - t
@@ -688,7 +688,7 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
     if config is None:
         # a config given to start_monitoring() is the process's: models instrumented later use it
-        from .runtime import runtime
+        from ...runtime import runtime
 
         config = runtime().config
     if isinstance(config, Config) and not overrides:
@@ -721,8 +721,8 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
 
 def _connect(h: Instrumentation) -> None:
     """Start the process runtime (sampler, exporters) and hand it this model's forwards."""
-    from .oom_recorder import recorder
-    from .runtime import layer_time_observer, runtime
+    from ...dumps.oom_recorder import recorder
+    from ...runtime import layer_time_observer, runtime
 
     runtime().ensure_started(h.config)
     h._observers += [recorder, layer_time_observer]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memprof_otel.dump_store import ID_RE, DumpInfo, DumpStore, make_id, sanitize_model
+from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, make_id, sanitize_model
 from memprof_otel.errors import DumpNotFound, InvalidDumpId, MemprofError
-from memprof_otel.timeline_export import ExportError
+from memprof_otel.reports.timeline_export import ExportError
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

@@ -2,7 +2,7 @@ import hashlib
 
 import jsonschema
 
-from memprof_otel.speedscope import balanced_calls, build_speedscope
+from memprof_otel.dumps.speedscope import balanced_calls, build_speedscope
 from tests.schemas import SPEEDSCOPE_SCHEMA, speedscope_schema, validate_speedscope
 
 

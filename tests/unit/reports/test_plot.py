@@ -8,11 +8,11 @@ import pytest
 
 from memprof_otel.errors import MemprofError
 from memprof_otel.timeline import OperationRecord, Sample, Timeline
-from memprof_otel.timeline_export import ExportError
+from memprof_otel.reports.timeline_export import ExportError
 
 pytest.importorskip("matplotlib", reason="plots extra not installed")
 
-from memprof_otel.plot import build_figure, byte_unit, io_per_operation, plot_timeline  # noqa: E402
+from memprof_otel.reports.plot import build_figure, byte_unit, io_per_operation, plot_timeline  # noqa: E402
 
 GiB = 1024**3
 MiB = 1024**2

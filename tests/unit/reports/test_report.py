@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from memprof_otel.report import PeakInfo, find_peak, format_report, operation_at, signed_bytes
+from memprof_otel.reports.text import PeakInfo, find_peak, format_report, operation_at, signed_bytes
 from memprof_otel.timeline import OperationRecord, Sample
 
 GiB = 1024**3
@@ -175,6 +175,6 @@ def test_custom_title_and_signed_bytes():
 
 
 def test_public_report_and_plot_stay_functions_after_first_call():
-    code = ("import memprof_otel as mp; mp.report(); import memprof_otel.plot; "
+    code = ("import memprof_otel as mp; mp.report(); import memprof_otel.reports.plot, memprof_otel.reports.text; "
             "assert callable(mp.report) and callable(mp.plot), (mp.report, mp.plot)")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from memprof_otel.sampler import Sampler, SourceSpec, check_gpus
+from memprof_otel.telemetry.sampler import Sampler, SourceSpec, check_gpus
 from memprof_otel.timeline import GpuReading
 
 INTERVAL = 0.1

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from memprof_otel.alerts import AlertEngine, Transition, condition_holds
+from memprof_otel.watchdog.engine import AlertEngine, Transition, condition_holds
 from memprof_otel.config import RULE_OPS, WatchdogRule, parse_rule
 
 RSS = "memprof_process_resident_memory_bytes"
