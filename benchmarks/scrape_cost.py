@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     mp.start_monitoring({"sampler": {"interval": "1s"}})
     srv = mp.serve(host="127.0.0.1", port=0)
-    ep = Endpoint()
+    ep = Endpoint(runtime())
     watch = GcWatch()
     results = [measure(0, ep, srv.port, scrapes, watch)]
     for n in (int(x) for x in args.layers.split(",")):

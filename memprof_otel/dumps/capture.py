@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from .._version import __version__
+from ..files import write_json_atomic
 from .speedscope import balanced_calls, build_speedscope
 
 
@@ -66,8 +67,6 @@ class Capture:
                                 exporter=f"memprof-otel {__version__}")
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        from ..reports.timeline_export import write_json_atomic
-
         write_json_atomic(self.speedscope(), path)
 
     def total_bytes(self) -> int:

@@ -3,26 +3,31 @@
 Used by ``POST /v1/dumps``, the watchdog's ``dump`` action and the OOM flight recorder. The
 capture itself lives in ``capture.py`` and the file format in ``speedscope.py``; this module only
 picks the model, waits under a deadline, stores the result with rotation and counts the outcome in
-``memprof_dumps_total{format,result}``. Inside a capture, per-layer OTel spans are emitted.
+``memprof_dumps_total{format,result}``. It knows models only through what the composition root
+hands it (the live handles, the dumps config, the counter), so it imports nothing above it.
 """
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from .._log import rate_limited
+from ..config import DumpsConfig
+from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, UnknownModel
 from .capture import Capture
 from .store import DumpInfo, DumpStore
-from ..errors import CaptureBusy, CaptureTimeout, MemprofError, UnknownModel
-from ..attribution.torch.instrumentation import Instrumentation, live_instrumentations
-from ..runtime import runtime
-from .speedscope import balanced_calls
-from ..reports.timeline_export import ExportError
 
 
-def pick_model(name: str | None) -> Instrumentation:
-    live = live_instrumentations()
+class Capturable(Protocol):
+    """An instrumented model as the dump service sees it (``Instrumentation`` is one)."""
+
+    name: str
+
+    def capture(self, forwards: int = 1) -> Capture: ...
+
+
+def pick_model(live: Mapping[str, Capturable], name: str | None) -> Capturable:
     if name:
         h = live.get(name)
         if h is None:
@@ -37,7 +42,14 @@ def pick_model(name: str | None) -> Instrumentation:
 
 
 class DumpService:
-    def __init__(self) -> None:
+    """``live``: name -> handle of the models instrumented now; ``config``: the dumps section in
+    force (None before the first start); ``count_dump(format, result)``: the dumps counter."""
+
+    def __init__(self, live: Callable[[], Mapping[str, Capturable]],
+                 config: Callable[[], DumpsConfig | None], count_dump: Callable[[str, str], None]) -> None:
+        self._live = live
+        self._config = config
+        self._count = count_dump
         self._store: DumpStore | None = None
         self._store_key: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
@@ -45,44 +57,42 @@ class DumpService:
 
     @property
     def store(self) -> DumpStore:
-        cfg = runtime().config
-        from ..config import DumpsConfig
-
-        d = cfg.dumps if cfg is not None else DumpsConfig()
+        d = self._config() or DumpsConfig()
         key = (d.dir, d.max_files, d.max_bytes)
         with self._lock:
             if self._store is None or self._store_key != key:
                 self._store, self._store_key = DumpStore(d.dir, d.max_files, d.max_bytes), key
             return self._store
 
+    def pick_model(self, name: str | None) -> Capturable:
+        return pick_model(self._live(), name)
+
     def capture(self, model: str | None, forwards: int = 1, timeout: float = 30.0,
                 reason: str = "api") -> DumpInfo:
         """Capture the next ``forwards`` forwards of ``model`` and store the speedscope file.
         Raises UnknownModel, CaptureBusy, CaptureTimeout, ExportError (all counted)."""
-        rt = runtime()
-        h = pick_model(model)
+        h = self.pick_model(model)
         try:
             cap = h.capture(forwards)
         except CaptureBusy:
-            rt.count_dump("speedscope", "busy")
+            self._count("speedscope", "busy")
             raise
         if not cap.wait(timeout):
             cap.cancel()
-            rt.count_dump("speedscope", "timeout")
+            self._count("speedscope", "timeout")
             raise CaptureTimeout(f"no forward of {h.name!r} completed within {timeout:g} s "
                                  f"({cap.completed}/{forwards} captured)")
         return self.store_capture(h.name, cap, reason)
 
     def store_capture(self, model: str, cap: Capture, reason: str) -> DumpInfo:
-        rt = runtime()
         try:
             doc = cap.speedscope()
             doc.setdefault("name", f"{model} ({reason})")
             info = self.store.save(doc, kind="speedscope", model=model)
         except (ExportError, OSError, ValueError) as e:
-            rt.count_dump("speedscope", "error")
+            self._count("speedscope", "error")
             raise ExportError(f"could not store the dump: {e}") from e
-        rt.count_dump("speedscope", "ok")
+        self._count("speedscope", "ok")
         if cap.cuda_snapshot is not None:  # memory_viz's data; `python -m pickle`-able after json.load
             snap = self.store_json(cap.cuda_snapshot, kind="cuda_snapshot", model=model)
             if snap is not None:
@@ -94,22 +104,21 @@ class DumpService:
 
     def store_json(self, doc: dict[str, Any], kind: str, model: str) -> DumpInfo | None:
         """Store a non-speedscope dump (e.g. an OOM flight record); errors are counted, not raised."""
-        rt = runtime()
         try:
             info = self.store.save(doc, kind=kind, model=model)
         except Exception as e:
-            rt.count_dump(kind, "error")
+            self._count(kind, "error")
             rate_limited.warning(f"dump:{kind}", "memprof_otel: could not store a %s dump: %r", kind, e)
             return None
-        rt.count_dump(kind, "ok")
+        self._count(kind, "ok")
         return info
 
     def capture_all(self, reason: str, forwards: int = 1, timeout: float = 60.0) -> list[DumpInfo]:
         """The watchdog's dump action: capture every live model (errors counted and logged)."""
         out = []
-        live = sorted(live_instrumentations())
+        live = sorted(self._live())
         if not live:
-            runtime().count_dump("speedscope", "no_model")
+            self._count("speedscope", "no_model")
             rate_limited.warning("dump-all", "memprof_otel: dump for %s skipped: no model is instrumented", reason)
         for name in live:
             try:
@@ -117,45 +126,3 @@ class DumpService:
             except MemprofError as e:
                 rate_limited.warning("dump-all", "memprof_otel: dump of %s for %s failed: %s", name, reason, e)
         return out
-
-def emit_capture_spans(model: str, cap: Capture) -> None:
-    """Per-layer child spans of one ``memprof.capture`` span, at the captured times."""
-    otel = runtime().otel
-    if otel is None:
-        return
-    try:
-        calls = balanced_calls(cap.calls)
-        if not calls:
-            return
-        offset_ns = time.time_ns() - time.perf_counter_ns()
-        ns = lambda t: int(t * 1e9) + offset_ns  # noqa: E731
-        root = otel.tracer.start_span("memprof.capture", start_time=ns(calls[0][2]), attributes={
-            "memprof.model": model, "memprof.capture.forwards": cap.completed})
-        from opentelemetry import trace as otel_trace
-
-        stack: list[Any] = [root]
-        for kind, frame, t in calls:
-            if kind == "O":
-                ctx = otel_trace.set_span_in_context(stack[-1])
-                stack.append(otel.tracer.start_span(f"layer {frame}", context=ctx, start_time=ns(t),
-                                                    attributes={"memprof.layer": frame, "memprof.model": model}))
-            elif len(stack) > 1:
-                stack.pop().end(end_time=ns(t))
-        while len(stack) > 1:
-            stack.pop().end(end_time=ns(calls[-1][2]))
-        root.end(end_time=ns(calls[-1][2]))
-    except Exception as e:
-        runtime().count_export_error("capture_spans")
-        rate_limited.warning("capture-spans", "memprof_otel: capture spans failed: %r", e)
-
-
-_service: DumpService | None = None
-_service_lock = threading.Lock()
-
-
-def dump_service() -> DumpService:
-    global _service
-    with _service_lock:
-        if _service is None:
-            _service = DumpService()
-        return _service

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DumpNotFound, InvalidDumpId
-from ..reports.timeline_export import ExportError
+from ..errors import DumpNotFound, ExportError, InvalidDumpId
 
 log = logging.getLogger(__name__)
 

@@ -59,6 +59,7 @@ class _CountingSpanExporter:
         self._inner, self._on_error, self._name = inner, on_error, name
 
     def export(self, spans: Any) -> Any:
+        # why: the OTel SDK loads only once we export through it
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         try:
@@ -84,6 +85,7 @@ class _CountingSpanExporter:
 
 
 def _counting_metric_exporter(inner: Any, on_error: ErrorFn, name: str) -> Any:
+    # why: the OTel SDK loads only once we export through it
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
     class CountingMetricExporter(MetricExporter):
@@ -120,6 +122,7 @@ def _otlp_exporters(cfg: OtelConfig, endpoint: str, protocol: str) -> tuple[Any,
     timeout = cfg.export_timeout
     explicit = cfg.endpoint is not None
     if protocol == "grpc":
+        # why: grpc is heavy; loaded only for protocol grpc
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -127,6 +130,7 @@ def _otlp_exporters(cfg: OtelConfig, endpoint: str, protocol: str) -> tuple[Any,
         if explicit:
             kw["endpoint"] = endpoint
         return OTLPSpanExporter(**kw), OTLPMetricExporter(**kw)
+    # why: OTLP exporters load only with an endpoint
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetric
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpan
 
@@ -162,6 +166,7 @@ class OtelExporter:
 
     def _own_providers(self, cfg: OtelConfig, service_name: str, endpoint: str, protocol: str,
                        on_error: ErrorFn) -> tuple[Any, Any]:
+        # why: our own SDK providers only when no provider is given
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource

@@ -1,12 +1,12 @@
 """The Prometheus collector: renders the runtime's latest snapshot at scrape time.
 
-A scrape builds families from ``Runtime.series()`` (the last sampler tick plus in-memory stats) and
-never reads a device, triggers a CUDA sync or starts a capture. Registered in a registry of our own,
+A scrape builds families from the ``series()`` it is given (the last sampler tick plus in-memory
+stats) and never reads a device, triggers a CUDA sync or starts a capture. Registered in a registry of our own,
 never the global one, so importing us changes nothing in an application's own /metrics.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     InfoMetricFamily, Metric, SummaryMetricFamily)
@@ -16,19 +16,28 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.exposition import choose_encoder
 
 from .._log import rate_limited
-from .layer_exposition import LAYER_FAMILIES, render_layer_families
 from ..metric_names import BY_PROM, METRICS, MetricDef
-from ..telemetry.series import layer_forward_series
+from ..telemetry.operation_stats import OperationStats
+from ..telemetry.series import LayerView, Series, layer_forward_series
+from .layer_exposition import LAYER_FAMILIES, render_layer_families
 
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+
+class ScrapeSource(Protocol):
+    """What a scrape reads (the process runtime is one): layer views, the series, operation stats."""
+
+    op_stats: OperationStats
+
+    def layer_views(self) -> list[LayerView]: ...
+    def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
+               per_layer: bool = True) -> Series: ...
+    def count_export_error(self, exporter: str) -> None: ...
 
 
 class MemprofCollector(Collector):
     """``layers=False`` leaves out the per-layer families: the endpoint writes those itself
     (``layer_exposition``), much faster; a collector registered elsewhere keeps them."""
 
-    def __init__(self, rt: "Runtime", layers: bool = True) -> None:
+    def __init__(self, rt: ScrapeSource, layers: bool = True) -> None:
         self._rt = rt
         self._layers = layers
 
@@ -85,13 +94,13 @@ def _family(d: MetricDef, rows: Any) -> Metric:
     return fam
 
 
-def make_registry(rt: "Runtime", layers: bool = True) -> CollectorRegistry:
+def make_registry(rt: ScrapeSource, layers: bool = True) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(MemprofCollector(rt, layers))
     return reg
 
 
-def render_exposition(rt: "Runtime", registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
     prometheus_client's encoder, plus the per-layer families through the fast writer."""
     encoder, content_type = choose_encoder(accept)

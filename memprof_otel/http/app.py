@@ -12,19 +12,41 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 from urllib.parse import parse_qs
 
 
 from .._log import rate_limited
 from .._version import __version__
-from ..config import ConfigError, parse_rule
-from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, InstrumentationError, InvalidDumpId,
+from ..config import Config, ConfigError, parse_rule
+from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId,
                      UnknownModel)
-from ..export.prometheus import make_registry, render_exposition
-from ..reports.timeline_export import ExportError
+from ..attribution.torch.instrumentation import live_instrumentations
+from ..dumps.service import DumpService
+from ..export.prometheus import ScrapeSource, make_registry, render_exposition
+from ..sources import registry
+from ..telemetry.operations import OperationTracker
+from ..telemetry.sampler import Sampler
+from ..telemetry.series import SelfView
+from ..watchdog.adapter import Watchdog
+from .openapi import openapi_document
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
+
+
+class EndpointServices(ScrapeSource, Protocol):
+    """What the routes read and drive (the process runtime is one; the composition root passes it)."""
+
+    config: Config | None
+    sampler: Sampler | None
+    tracker: OperationTracker
+    watchdog: Watchdog | None
+    dump_service: DumpService
+    started_unix: float
+    servers: list[Any]
+
+    def ensure_started(self, config: Config | None = None) -> Any: ...
+    def self_view(self) -> SelfView: ...
 JSON = "application/json"
 
 
@@ -114,11 +136,9 @@ class Endpoint:
     """All routes. ``bind_host``: the address served on (None when mounted in another server: then
     mutating routes without a token are allowed only to loopback clients)."""
 
-    def __init__(self, token: str | None = None, bind_host: str | None = None,
+    def __init__(self, rt: EndpointServices, token: str | None = None, bind_host: str | None = None,
                  max_body_bytes: int | None = None, base_url: str = "") -> None:
-        from ..runtime import runtime
-
-        self.rt = runtime()
+        self.rt = rt
         cfg = self.rt.config
         self.token = token if token is not None else (cfg.http.token if cfg is not None else None)
         self.bind_host = bind_host
@@ -206,9 +226,6 @@ class Endpoint:
         return json_response(200, {"status": "ok"})
 
     def status(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from ..attribution.torch.instrumentation import live_instrumentations
-        from ..sources import registry
-
         models = []
         for name, h in sorted(live_instrumentations().items()):
             st = h.scheduler.state()
@@ -228,11 +245,8 @@ class Endpoint:
             "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix})
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from ..dumps.service import pick_model
-        from ..attribution.torch.instrumentation import live_instrumentations
-
         name = q.get("model", [None])[-1]
-        handles = [pick_model(name)] if name else list(live_instrumentations().values())
+        handles = [self.rt.dump_service.pick_model(name)] if name else list(live_instrumentations().values())
         return json_response(200, {"models": {h.name: {
             "device": h.last_device,
             "layers": {k: v.to_dict() for k, v in sorted(h.layer_stats().items())},
@@ -278,8 +292,6 @@ class Endpoint:
         return json_response(200, {"rules": [r.to_dict() for r in wd.rules]})
 
     def post_dump(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from ..dumps.service import dump_service
-
         kind = q.get("kind", ["speedscope"])[-1]
         if kind != "speedscope":
             raise HttpError(400, "bad_parameter", f"kind must be speedscope, got {kind!r}")
@@ -287,7 +299,7 @@ class Endpoint:
         timeout = _float_param(q, "timeout", 30.0, 0.01, 600.0)
         model = q.get("model", [None])[-1] or None
         try:
-            info = dump_service().capture(model, forwards, float(timeout or 30.0), reason="http")
+            info = self.rt.dump_service.capture(model, forwards, float(timeout or 30.0), reason="http")
         except UnknownModel as e:
             raise HttpError(404, "unknown_model", str(e)) from None
         except CaptureBusy as e:
@@ -299,21 +311,17 @@ class Endpoint:
         except ExportError as e:
             raise HttpError(507, "dump_not_stored", str(e)) from None
         d = info.to_dict(self.base_url)
-        snapshot = dump_service().related.get(info.id)
+        snapshot = self.rt.dump_service.related.get(info.id)
         if snapshot is not None:  # CUDA: the allocator history of the same window
             d["cuda_snapshot"] = snapshot.to_dict(self.base_url)
         return json_response(201, d, {"Location": f"/v1/dumps/{info.id}"})
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from ..dumps.service import dump_service
-
-        return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in dump_service().store.list()]})
+        return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in self.rt.dump_service.store.list()]})
 
     def get_dump(self, req: Request, q: Mapping[str, list[str]], dump_id: str) -> Response:
-        from ..dumps.service import dump_service
-
         try:
-            body = dump_service().store.read(dump_id)
+            body = self.rt.dump_service.store.read(dump_id)
         except InvalidDumpId as e:
             raise HttpError(400, "bad_dump_id", str(e)) from None
         except DumpNotFound as e:
@@ -321,6 +329,4 @@ class Endpoint:
         return Response(200, body, JSON, {"Content-Disposition": f'attachment; filename="{dump_id}.json"'})
 
     def openapi(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        from .openapi import openapi_document
-
         return json_response(200, openapi_document())

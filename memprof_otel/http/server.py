@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..errors import ConfigError, ServeError
-from .app import Endpoint, Request, Response, error_response
+from .app import Endpoint, EndpointServices, Request, Response, error_response
 
 _REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
@@ -43,9 +43,10 @@ def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> 
     return b""
 
 
-def wsgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
+def wsgi_app(rt: EndpointServices, token: str | None = None, *,
+             bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
     """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
-    endpoint = Endpoint(token=token, bind_host=bind_host)
+    endpoint = Endpoint(rt, token=token, bind_host=bind_host)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
@@ -67,10 +68,11 @@ def wsgi_app(token: str | None = None, *, bind_host: str | None = None) -> Calla
     return app
 
 
-def asgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Any]:
+def asgi_app(rt: EndpointServices, token: str | None = None, *,
+             bind_host: str | None = None) -> Callable[..., Any]:
     """The endpoint as an ASGI application (mount it in FastAPI/Starlette: ``app.mount("/memprof", ...)``).
     Handlers run in a worker thread: a dump waiting for forwards never blocks the event loop."""
-    endpoint = Endpoint(token=token, bind_host=bind_host)
+    endpoint = Endpoint(rt, token=token, bind_host=bind_host)
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] == "lifespan":
@@ -135,13 +137,11 @@ class _QuietHandler(WSGIRequestHandler):
 class Server:
     """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager)."""
 
-    def __init__(self, host: str, port: int, token: str | None) -> None:
-        from ..runtime import runtime
-
-        rt = runtime()
+    def __init__(self, rt: EndpointServices, host: str, port: int, token: str | None) -> None:
         rt.ensure_started()
+        self._rt = rt
         self.host = host
-        app = wsgi_app(token, bind_host=host)
+        app = wsgi_app(rt, token, bind_host=host)
         server_cls = _V6Server if ":" in host else _ThreadingWSGIServer
         try:
             self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
@@ -164,10 +164,8 @@ class Server:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout)
-        from ..runtime import runtime
-
         try:
-            runtime().servers.remove(self)
+            self._rt.servers.remove(self)
         except ValueError:
             pass
 
@@ -181,15 +179,14 @@ class Server:
         return f"<memprof_otel.Server {self.url}>"
 
 
-def serve(host: str | None = None, port: int | None = None, token: str | None = None) -> Server:
+def serve(rt: EndpointServices, host: str | None = None, port: int | None = None,
+          token: str | None = None) -> Server:
     """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
-    from ..runtime import runtime
-
-    cfg = runtime().ensure_started().config
+    cfg = rt.ensure_started().config
     assert cfg is not None
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError("http.port", f"must be an integer in 0..65535, got {port!r}")
     if host is not None and (not isinstance(host, str) or not host):
         raise ConfigError("http.host", f"must be a non-empty address, got {host!r}")
-    return Server(cfg.http.host if host is None else host, cfg.http.port if port is None else port,
+    return Server(rt, cfg.http.host if host is None else host, cfg.http.port if port is None else port,
                   cfg.http.token if token is None else token)

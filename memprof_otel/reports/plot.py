@@ -12,11 +12,11 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import MemprofError
-from .text import operation_at, ordered_operations
+from ..errors import ExportError, MemprofError  # noqa: F401  (ExportError: documented raise)
+from ..files import write_bytes_atomic
 from ..timeline import OperationRecord, Timeline
-from .timeline_export import ExportError, write_bytes_atomic  # noqa: F401  (ExportError: documented raise)
 from ..units import format_bytes
+from .text import operation_at, ordered_operations
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -77,6 +77,7 @@ def time_unit(span_seconds: float) -> tuple[str, float]:
 
 def _require_matplotlib() -> tuple[Any, Any]:
     try:
+        # why: optional: matplotlib comes with the plots extra
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
@@ -91,7 +92,7 @@ def _no_data(ax: Any, text: str) -> None:
 
 
 def _colours(ops: Sequence[OperationRecord]) -> dict[str, Any]:
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # why: optional: matplotlib comes with the plots extra
     cmap = colormaps["Set2"]  # soft colours: the data lines on top stay the strongest marks
     out: dict[str, Any] = {}
     for op in ops:
@@ -145,7 +146,7 @@ def build_figure(timeline: Timeline) -> "Figure":
 
 def _draw_memory_and_cpu(fig: Any, ax_mem: Any, ax_cpu: Any, tl: Timeline,
                          ordered: list[tuple[int, OperationRecord]], colours: dict[str, Any]) -> None:
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # why: optional: matplotlib comes with the plots extra
 
     n = min(len(tl.timestamps), len(tl.rss_bytes))  # equal unless a hand-made dict disagrees
     ts, rss = tl.timestamps[:n], tl.rss_bytes[:n]

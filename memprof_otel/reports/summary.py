@@ -1,15 +1,25 @@
 """Summary of one instrumentation: a dict for JSON and a text table for people."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..units import format_bytes
 
-if TYPE_CHECKING:
-    from ..attribution.torch.instrumentation import Instrumentation
+
+class SummarySubject(Protocol):
+    """What a summary reads from an instrumentation handle (``Instrumentation`` is one)."""
+
+    name: str
+    last_device: str
+    forward_errors: int
+    hook_errors: int
+    events_dropped: int
+    scheduler: Any  # .state() -> forwards, attributed, forward_seconds, attribution_seconds
+
+    def layer_stats(self) -> dict[str, Any]: ...
 
 
-def summary_dict(h: "Instrumentation", top: int = 10) -> dict[str, Any]:
+def summary_dict(h: SummarySubject, top: int = 10) -> dict[str, Any]:
     st = h.scheduler.state()
     stats = h.layer_stats()
     ranked = sorted((s for k, s in stats.items() if k != ""), key=lambda s: s.peak_increase, reverse=True)
@@ -34,7 +44,7 @@ def summary_dict(h: "Instrumentation", top: int = 10) -> dict[str, Any]:
     }
 
 
-def format_summary(h: "Instrumentation", top: int = 15) -> str:
+def format_summary(h: SummarySubject, top: int = 15) -> str:
     d = summary_dict(h, top)
     stats = h.layer_stats()
     lines = [

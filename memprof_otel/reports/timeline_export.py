@@ -1,75 +1,37 @@
 """``export_timeline(path)``: events, layer stats and the summary as one JSON file."""
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
-from ..errors import MemprofError
-
-if TYPE_CHECKING:
-    from ..attribution.torch.instrumentation import Instrumentation
+from ..files import write_json_atomic
+from ..timeline import OperationRecord, Sample
 
 
-class ExportError(MemprofError, OSError):
-    """A file could not be written (bad path, disk full); nothing partial is left behind."""
+class TimelineSubject(Protocol):
+    """What a timeline file is built from: an instrumentation handle and the process history it
+    was given (the sampler's samples and the operations, as ``GET /v1/timeline`` gives them)."""
+
+    name: str
+    process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]]
+
+    def events(self) -> list[dict[str, Any]]: ...
+    def layer_stats(self) -> dict[str, Any]: ...
+    def summary_dict(self) -> dict[str, Any]: ...
 
 
-def timeline_document(h: "Instrumentation") -> dict[str, Any]:
-    from ..runtime import runtime
-
-    rt = runtime()
+def timeline_document(h: TimelineSubject) -> dict[str, Any]:
+    samples, operations = h.process_history()
     return {
         "format": "memprof-otel.timeline/1",
         "model": h.name,
         "events": h.events(),
         "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
         "summary": h.summary_dict(),
-        # the process-wide sampler and operations, as GET /v1/timeline gives them
-        "samples": [s.to_dict() for s in (rt.sampler.samples() if rt.sampler is not None else [])],
-        "operations": [r.to_dict() for r in rt.tracker.records()],
+        "samples": [s.to_dict() for s in samples],
+        "operations": [r.to_dict() for r in operations],
     }
 
 
-def _file_mode() -> int:
-    """0o666 minus the umask, like open() would give (mkstemp's temp files are 0600). The umask is
-    read from /proc: ``os.umask`` can only be read by setting it, which races with other threads."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o644
-
-
-def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Temp file in the same folder, then rename: readers never see half a file."""
-    target = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(target))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=folder)
-    except OSError as e:
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if hasattr(os, "fchmod"):
-                os.fchmod(f.fileno(), _file_mode())
-            f.write(data)
-        os.replace(tmp, target)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
-
-
-def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
-    write_bytes_atomic(json.dumps(doc, separators=(",", ":")).encode("utf-8"), path)
-
-
-def write_timeline(h: "Instrumentation", path: str | os.PathLike[str]) -> None:
+def write_timeline(h: TimelineSubject, path: str | os.PathLike[str]) -> None:
     write_json_atomic(timeline_document(h), path)

@@ -1,4 +1,5 @@
-"""``operation(name)`` and ``mark_operation(name)``: named stretches of work with their memory.
+"""Operations and phases: named stretches of work with their memory (``mp.operation`` and
+``mp.mark_operation`` open them through the process runtime's tracker).
 
 An operation is opened in the caller's context (contextvars, so nesting follows threads and
 asyncio tasks), reads process RSS and allocator levels at its start and end (a statm pread and the
@@ -7,21 +8,16 @@ Phases (``mark_operation``) are process-wide: each mark ends the previous phase.
 """
 from __future__ import annotations
 
-import asyncio
 import contextvars
-import functools
 import itertools
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Protocol
 
 from .._log import rate_limited
-from ..errors import MemprofError
 from ..oom import is_oom
 from ..timeline import OperationRecord, Sample
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 _current: contextvars.ContextVar[OperationRecord | None] = contextvars.ContextVar(
     "memprof_operation", default=None)
@@ -85,16 +81,16 @@ class OperationTracker:
             try:
                 fn(rec)
             except Exception as e:
-                self._count("end-listener", e)
+                self.count_error("end-listener", e)
 
     def _read(self) -> tuple[int, dict[str, int]]:
         try:
             return int(self.probe.rss()), self.probe.allocators()
         except Exception as e:
-            self._count("probe", e)
+            self.count_error("probe", e)
             return 0, {}
 
-    def _count(self, where: str, e: BaseException) -> None:
+    def count_error(self, where: str, e: BaseException) -> None:
         self.errors += 1
         rate_limited.warning(f"operation:{where}", "memprof_otel: operation %s failed: %r (counted)", where, e)
 
@@ -130,7 +126,7 @@ class OperationTracker:
         try:
             setattr(rec, "_span", self.spans.start(rec))
         except Exception as e:
-            self._count("span-start", e)
+            self.count_error("span-start", e)
 
     def _end_with_span(self, rec: OperationRecord, exc: BaseException | None) -> None:
         self.end(rec, exc)
@@ -139,7 +135,7 @@ class OperationTracker:
             try:
                 self.spans.end(span, rec, exc)
             except Exception as e:
-                self._count("span-end", e)
+                self.count_error("span-end", e)
 
     # ---- views -----------------------------------------------------------------------------
     def current_name(self) -> str | None:
@@ -162,86 +158,18 @@ class OperationTracker:
             self._finished.clear()
 
 
-class operation:
-    """``with operation("generate", model="gpt2"):`` / ``@operation("embed")`` (sync or async).
-
-    Opens an OTel span (attributes ``memprof.memory.peak_bytes``, ``memprof.memory.delta_bytes``),
-    records duration, peak and delta. Telemetry failures are counted, never raised; the body's
-    own exception propagates unchanged.
-    """
-
-    def __init__(self, name: str, **attributes: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise MemprofError(f"operation name must be a non-empty string, got {name!r}")
-        self.name = name
-        self.attributes = attributes
-        # per context, so one operation object shared by threads or tasks closes the right record
-        self._stacks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
-            f"memprof_operation_stack_{id(self)}", default=())
-
-    def __enter__(self) -> OperationRecord | None:
-        from ..runtime import runtime
-
-        tracker = runtime().operations_tracker()
-        if tracker is None:
-            return None
-        rec = tracker.begin(self.name, dict(self.attributes))
-        span = token = None
-        if tracker.spans is not None:
-            try:
-                span = tracker.spans.start(rec)
-                token = tracker.spans.activate(span)
-            except Exception as e:
-                tracker._count("span-start", e)
-        self._stacks.set(self._stacks.get() + ((rec, _current.set(rec), span, token),))
-        return rec
-
-    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        stack = self._stacks.get()
-        if not stack:
-            return
-        from ..runtime import runtime
-
-        rec, ctx_token, span, token = stack[-1]
-        self._stacks.set(stack[:-1])
-        tracker = runtime().operations_tracker()
-        try:
-            _current.reset(ctx_token)
-        except ValueError:  # exited in another context (a generator moved across tasks)
-            _current.set(None)
-        if tracker is None:
-            return
-        tracker.end(rec, exc)
-        if tracker.spans is not None and span is not None:
-            try:
-                tracker.spans.end(span, rec, exc)
-                if token is not None:
-                    tracker.spans.deactivate(token)
-            except Exception as e:
-                tracker._count("span-end", e)
-
-    async def __aenter__(self) -> OperationRecord | None:
-        return self.__enter__()
-
-    async def __aexit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
-        self.__exit__(et, exc, tb)
-
-    def __call__(self, fn: F) -> F:
-        name, attrs = self.name, self.attributes
-        if asyncio.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                async with operation(name, **attrs):
-                    return await fn(*args, **kwargs)
-            return awrapper  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with operation(name, **attrs):
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
-
-
 def current_operation() -> OperationRecord | None:
     """The innermost operation open in this context (thread / asyncio task)."""
     return _current.get()
+
+
+def set_current(rec: OperationRecord | None) -> contextvars.Token[OperationRecord | None]:
+    """Make ``rec`` the innermost operation of this context; returns the token to undo it."""
+    return _current.set(rec)
+
+
+def reset_current(token: contextvars.Token[OperationRecord | None]) -> None:
+    try:
+        _current.reset(token)
+    except ValueError:  # exited in another context (a generator moved across tasks)
+        _current.set(None)

@@ -4,43 +4,39 @@ Actions on an alert starting to fire: ``log`` (a warning), ``span_event`` (an OT
 ``callback`` (functions registered with ``add_alert_callback``), ``dump`` (a deep capture of the
 next forward of every live model, rate-limited by ``watchdog.dump_min_interval``, run off the
 sampler thread). By default nothing here changes the process: no ``empty_cache``, no ``gc``.
+What it reads and does outside itself (the series, the OTel event, the dump, the callbacks) it is
+handed by the composition root.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from .._log import rate_limited
-from .engine import FIRING, RESOLVED, AlertEngine, Transition
 from ..config import WatchdogConfig, WatchdogRule
-from ..telemetry.series import Labels
+from ..telemetry.series import Labels, Series
 from ..timeline import Sample
-
-if TYPE_CHECKING:
-    from ..runtime import Runtime
+from .engine import FIRING, RESOLVED, AlertEngine, Transition
 
 log = logging.getLogger("memprof_otel.watchdog")
 AlertCallback = Callable[[dict[str, Any]], None]
-_callbacks: list[AlertCallback] = []
-
-
-def add_alert_callback(fn: AlertCallback) -> None:
-    """Call ``fn(alert_dict)`` when a rule with the ``callback`` action starts firing."""
-    _callbacks.append(fn)
-
-
-def remove_alert_callback(fn: AlertCallback) -> None:
-    try:
-        _callbacks.remove(fn)
-    except ValueError:
-        pass
 
 
 class Watchdog:
-    def __init__(self, rt: "Runtime", cfg: WatchdogConfig) -> None:
-        self._rt = rt
+    """``series()``: the figures a scrape shows, fresh; ``span_event(name, attributes)``: an OTel
+    event (no-op without OTel); ``dump_all(reason)``: capture every live model; ``count_dump(format,
+    result)``: the dumps counter; ``callbacks``: the user's alert callbacks (a live list)."""
+
+    def __init__(self, cfg: WatchdogConfig, *, series: Callable[[], Series],
+                 span_event: Callable[[str, dict[str, Any]], None], dump_all: Callable[[str], Any],
+                 count_dump: Callable[[str, str], None], callbacks: list[AlertCallback]) -> None:
+        self._series = series
+        self._span_event = span_event
+        self._dump_all = dump_all
+        self._count_dump = count_dump
+        self._callbacks = callbacks
         self.cfg = cfg
         self._lock = threading.Lock()
         self.engine = AlertEngine(cfg.rules)
@@ -66,7 +62,7 @@ class Watchdog:
     def on_sample(self, sample: Sample) -> None:
         if not self.engine.rules:
             return
-        values = self._rt.series(max_age_s=0.0)
+        values = self._series()
         with self._lock:
             transitions = self.engine.evaluate(values, sample.t)
         for tr in transitions:
@@ -87,13 +83,13 @@ class Watchdog:
                     level = logging.ERROR if r.severity == "critical" else logging.WARNING
                     log.log(level, "memprof_otel: alert %s firing: %s%s %s %s (value %s)", r.name, r.metric,
                             tr.labels or "", r.op, r.threshold, tr.value)
-                elif action == "span_event" and self._rt.otel is not None:
-                    self._rt.otel.span_event("memprof.alert", {
+                elif action == "span_event":
+                    self._span_event("memprof.alert", {
                         "memprof.alert.rule": r.name, "memprof.alert.severity": r.severity,
                         "memprof.alert.metric": r.metric, "memprof.alert.value": tr.value,
                         "memprof.alert.threshold": r.threshold})
                 elif action == "callback":
-                    for fn in list(_callbacks):
+                    for fn in list(self._callbacks):
                         fn(dict(alert))
                 elif action == "dump":
                     self._dump(r)
@@ -105,14 +101,11 @@ class Watchdog:
     def _dump(self, rule: WatchdogRule) -> None:
         now = time.monotonic()
         if now - self._last_dump < self.cfg.dump_min_interval:
-            self._rt.count_dump("speedscope", "rate_limited")
+            self._count_dump("speedscope", "rate_limited")
             return
         self._last_dump = now
-        from ..dumps.service import dump_service
-
-        def run() -> None:
-            dump_service().capture_all(reason=f"alert:{rule.name}", forwards=1, timeout=60.0)
-        t = threading.Thread(target=run, name="memprof-alert-dump", daemon=True)
+        t = threading.Thread(target=self._dump_all, args=(f"alert:{rule.name}",), name="memprof-alert-dump",
+                             daemon=True)
         self.dump_threads.append(t)
         t.start()
 

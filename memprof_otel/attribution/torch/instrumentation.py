@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -25,6 +25,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import hooks
 from ..._log import rate_limited
+from ...reports.summary import format_summary, summary_dict
+from ...reports.timeline_export import write_timeline
 from ..scheduler import AttributionScheduler
 from ..selection import OTHER, select_layers
 from ..stats import LayerAccumulator, LayerMemoryStats
@@ -36,11 +38,17 @@ from .forward_state import ForwardState
 from ...sources import registry
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
+from ...timeline import OperationRecord, Sample
+from .observers import ForwardObserver
 
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
+
+
+def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
+    return [], []
 
 
 def live_instrumentations() -> dict[str, "Instrumentation"]:
@@ -92,9 +100,11 @@ class Instrumentation:
         self._created_unix = time.time()
         self._tls = _ThreadLocal()
         self._closed = False
-        # forward observers: forward_begin(h, state) / forward_done(h, state, raised, exc); the
-        # OOM flight recorder and the OTel layer-time recorder
-        self._observers: list[Any] = []
+        # forward observers (observers.py): how the layers above hear of forwards and completed
+        # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
+        self._observers: list[ForwardObserver] = []
+        # the process's samples and operations, for export_timeline (set by the composition root)
+        self.process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]] = _no_history
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
         if acfg.enabled:
@@ -250,21 +260,15 @@ class Instrumentation:
             return list(self._events)
 
     def summary_dict(self) -> dict[str, Any]:
-        from ...reports.summary import summary_dict
-
         return summary_dict(self)
 
     def summary(self) -> str:
-        from ...reports.summary import format_summary
-
         return format_summary(self)
 
     def print_summary(self) -> None:
         print(self.summary())
 
     def export_timeline(self, path: str) -> None:
-        from ...reports.timeline_export import write_timeline
-
         write_timeline(self, path)
 
     def capture(self, forwards: int = 1) -> Capture:
@@ -286,6 +290,14 @@ class Instrumentation:
         if self.last_capture is None or self.last_capture.completed == 0:
             raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
         self.last_capture.save(path)
+
+    def _capture_done(self, cap: Capture) -> None:
+        """Tell the observers a capture completed (the OTel recorder emits its spans)."""
+        for obs in self._observers:
+            try:
+                obs.capture_done(self, cap)
+            except Exception as e:
+                self._count_error("observer", e)
 
     def reset_stats(self) -> None:
         self._stats.clear()
@@ -410,9 +422,7 @@ class Instrumentation:
                     if self._capture is cap:
                         self._capture = None
                 if not cap.cancelled:
-                    from ...dumps.service import emit_capture_spans
-
-                    emit_capture_spans(self.name, cap)  # never raises: errors are counted
+                    self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
         for obs in self._observers:
@@ -681,16 +691,12 @@ def _module_device(module: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def instrument(model: nn.Module, name: str | None = None, config: Any = None,
-               **overrides: Any) -> Instrumentation:
-    """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
+def attach(model: nn.Module, name: str | None = None, config: Any = None,
+           **overrides: Any) -> Instrumentation:
+    """Hook ``model`` and return its handle, not yet connected to any exporter: ``mp.instrument``
+    does this, then hands the handle to the process runtime. ``config`` None: defaults + env."""
     if not isinstance(model, nn.Module):
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
-    if config is None:
-        # a config given to start_monitoring() is the process's: models instrumented later use it
-        from ...runtime import runtime
-
-        config = runtime().config
     if isinstance(config, Config) and not overrides:
         cfg = config
     else:
@@ -715,14 +721,4 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
         h = Instrumentation(model, name, cfg)
         _LIVE[name] = h
     _INSTRUMENTED[model] = h
-    _connect(h)
     return h
-
-
-def _connect(h: Instrumentation) -> None:
-    """Start the process runtime (sampler, exporters) and hand it this model's forwards."""
-    from ...dumps.oom_recorder import recorder
-    from ...runtime import layer_time_observer, runtime
-
-    runtime().ensure_started(h.config)
-    h._observers += [recorder, layer_time_observer]

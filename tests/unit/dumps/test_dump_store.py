@@ -10,7 +10,7 @@ import pytest
 
 from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, make_id, sanitize_model
 from memprof_otel.errors import DumpNotFound, InvalidDumpId, MemprofError
-from memprof_otel.reports.timeline_export import ExportError
+from memprof_otel.errors import ExportError
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

@@ -8,7 +8,7 @@ import pytest
 
 from memprof_otel.errors import MemprofError
 from memprof_otel.timeline import OperationRecord, Sample, Timeline
-from memprof_otel.reports.timeline_export import ExportError
+from memprof_otel.errors import ExportError
 
 pytest.importorskip("matplotlib", reason="plots extra not installed")
 

@@ -400,7 +400,7 @@ def test_registry_warns_when_nvml_is_present_but_broken(monkeypatch: pytest.Monk
     def broken() -> NvmlSource:
         raise NvmlUnavailable("Insufficient Permissions", no_gpu=False)
 
-    monkeypatch.setattr(nvml_mod, "NvmlSource", broken)
+    monkeypatch.setattr(registry, "NvmlSource", broken)  # what the registry builds from
     registry.reset_for_tests()
     try:
         with caplog.at_level(logging.INFO, logger="memprof_otel"):
