@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -104,7 +105,7 @@ PLAN = {"prefill (1x128 tokens)": (16, 2), "decode (8 + 16 steps, KV cache)": (1
 FLOOR = {"bare-mode": (True, False), "noop-hooks": (False, True), "floor": (True, True)}
 
 
-def run_eager(variants: list[str], threads: int, quick: bool) -> list[dict[str, Any]]:
+def run_eager(variants: list[str], threads: int, quick: bool, clock: Any) -> list[dict[str, Any]]:
     torch.set_num_threads(threads)
     model = gpt2()
     results: list[dict[str, Any]] = []
@@ -116,9 +117,9 @@ def run_eager(variants: list[str], threads: int, quick: bool) -> list[dict[str, 
             for v in variants:
                 name = f"gpt2 {wl.split(' (')[0]} {threads}t [{v}]"
                 if v == "aa-control":
-                    r = paired(name, fn, _twin(fn), pairs=pairs, block=block)
+                    r = paired(name, fn, _twin(fn), pairs=pairs, block=block, clock=clock)
                 elif v in FLOOR:
-                    r = paired(name, fn, _wrapped(fn, *FLOOR[v]), pairs=pairs, block=block)
+                    r = paired(name, fn, _wrapped(fn, *FLOOR[v]), pairs=pairs, block=block, clock=clock)
                 else:
                     extra = {} if v == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
                     h = mp.instrument(model, name=f"cost-{v}", **extra)
@@ -130,7 +131,7 @@ def run_eager(variants: list[str], threads: int, quick: bool) -> list[dict[str, 
                         def inst(h: Any = h) -> None:
                             h.resume()
                             fn()
-                        r = paired(name, plain, inst, pairs=pairs, block=block)
+                        r = paired(name, plain, inst, pairs=pairs, block=block, clock=clock)
                     finally:
                         h.uninstrument()
                 print(r.row(), flush=True)
@@ -140,7 +141,7 @@ def run_eager(variants: list[str], threads: int, quick: bool) -> list[dict[str, 
     return results
 
 
-def run_compiled(threads: int, quick: bool) -> list[dict[str, Any]]:
+def run_compiled(threads: int, quick: bool, clock: Any) -> list[dict[str, Any]]:
     """A torch.compile'd GPT-2 prefill: instrumented compiled vs plain compiled, same object."""
     torch.set_num_threads(threads)
     model = gpt2()
@@ -157,7 +158,7 @@ def run_compiled(threads: int, quick: bool) -> list[dict[str, Any]]:
         for v in ("aa-control", "default", "every-forward"):
             name = f"gpt2 prefill compiled {threads}t [{v}]"
             if v == "aa-control":
-                r = paired(name, fn, _twin(fn), pairs=pairs, block=2)
+                r = paired(name, fn, _twin(fn), pairs=pairs, block=2, clock=clock)
             else:
                 extra = {} if v == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
                 h = mp.instrument(compiled, name=f"cost-compiled-{v}", **extra)
@@ -169,7 +170,7 @@ def run_compiled(threads: int, quick: bool) -> list[dict[str, Any]]:
                     def inst(h: Any = h) -> None:
                         h.resume()
                         fn()
-                    r = paired(name, plain, inst, pairs=pairs, block=2)
+                    r = paired(name, plain, inst, pairs=pairs, block=2, clock=clock)
                 finally:
                     h.uninstrument()
             print(r.row(), flush=True)
@@ -185,15 +186,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="aa-control,bare-mode,noop-hooks,floor,every-forward,default")
     ap.add_argument("--threads", default="1,2", help="intra-op thread counts to run, comma-separated")
     ap.add_argument("--compiled", action="store_true", help="also the torch.compile'd prefill case")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time, or the calling thread's CPU time (only with --threads 1: robust "
+                         "on a shared machine)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     print(f"torch {torch.__version__}, {platform.machine()}, python {sys.version.split()[0]}, "
           f"memprof_otel {mp.__version__}, {os.cpu_count()} cpus")
+    threads = [int(x) for x in args.threads.split(",")]
+    if args.clock == "thread" and threads != [1]:
+        ap.error("--clock thread needs --threads 1 (other intra-op threads' work would not be counted)")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    print(f"clock: {args.clock}")
     results: list[dict[str, Any]] = []
-    for t in (int(x) for x in args.threads.split(",")):
-        results += run_eager(args.variants.split(","), t, args.quick)
+    for t in threads:
+        results += run_eager(args.variants.split(","), t, args.quick, clock)
         if args.compiled:
-            results += run_compiled(t, args.quick)
+            results += run_compiled(t, args.quick, clock)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
