@@ -34,7 +34,7 @@ from ..windows import WindowFigures, WindowedPeaks
 from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
-from .forward_state import ForwardState
+from .forward_state import ForwardState, event_dict
 from ...sources import registry
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
@@ -89,7 +89,7 @@ class Instrumentation:
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
         self._windows = WindowedPeaks(acfg.window, time.perf_counter())
-        self._events: deque[dict[str, Any]] = deque(maxlen=acfg.max_events)
+        self._events: deque[tuple] = deque(maxlen=acfg.max_events)  # compact: see forward_state
         self._events_lock = threading.Lock()
         self.events_dropped = 0
         self.hook_errors = 0
@@ -257,7 +257,8 @@ class Instrumentation:
 
     def events(self) -> list[dict[str, Any]]:
         with self._events_lock:
-            return list(self._events)
+            kept = list(self._events)
+        return [event_dict(e) for e in kept]
 
     def summary_dict(self) -> dict[str, Any]:
         return summary_dict(self)
