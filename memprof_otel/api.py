@@ -29,8 +29,9 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
                **overrides: Any) -> Instrumentation:
     """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
     rt = runtime()
-    # a config given to start_monitoring() is the process's: models instrumented later use it
-    h = attach(model, name, rt.config if config is None else config, **overrides)
+    # a config given to start_monitoring() is the process's: models instrumented later use it (not
+    # one adopted from an earlier instrument() call, whose overrides belong to that model)
+    h = attach(model, name, rt.monitoring_config if config is None else config, **overrides)
     rt.connect(h)
     return h
 

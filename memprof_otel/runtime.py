@@ -70,6 +70,10 @@ class Runtime:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self.config: Config | None = None
+        # the config given to start_monitoring(): the default for models instrumented without one.
+        # A config adopted from the first instrument() call is not: its per-model overrides
+        # (every forward attributed, say) must not leak into the next model.
+        self.monitoring_config: Config | None = None
         self.sampler: Sampler | None = None
         self.otel: OtelExporter | None = None
         self.tracker = OperationTracker(_Probe())
@@ -114,6 +118,7 @@ class Runtime:
             if self.running:
                 self._stop(timeout=2.0)
             self._start(cfg, meter_provider=meter_provider, tracer_provider=tracer_provider)
+            self.monitoring_config = cfg
         return self
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
@@ -233,6 +238,7 @@ class Runtime:
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
             self.config = None  # the next start takes the config it is given afresh
+            self.monitoring_config = None
         return ok
 
     # ---- counters --------------------------------------------------------------------------
