@@ -56,6 +56,14 @@ def _fresh_returns(func: Any) -> tuple[bool, ...]:
         return ()
 
 
+class _StorageRef(weakref.ref):
+    """A weakref on a storage that carries what the ledger holds for it: one object per storage,
+    where a list, a closure and its cell besides the weakref were four (more allocation, and more
+    work for the garbage collector, on every fresh storage of an attributed forward)."""
+
+    __slots__ = ("key", "nbytes")
+
+
 class TensorLedger:
     """Live bytes of storages seen by one forward. ``reading()``/``reset_peak()`` feed the tracker."""
 
@@ -65,7 +73,8 @@ class TensorLedger:
         self.device_type = device_type
         self._lock = threading.Lock()
         # storage key -> [bytes, weakref]; bytes are what the level holds for it
-        self._live: dict[int, list[Any]] = {}
+        self._live: dict[int, _StorageRef] = {}  # id(storage) -> its weakref, holding its bytes
+        self._freed_cb = self._freed  # one bound method for every weakref (not one per storage)
         self.current = 0
         self.peak = 0
         self.allocations = 0
@@ -131,12 +140,12 @@ class TensorLedger:
         if known is not None:
             # a known storage came back (view, in-place, out=): it may have been resized
             n = st.nbytes()
-            if n != known[0]:
+            if n != known.nbytes:
                 with self._lock:
                     item = self._live.get(id(st))
                     if item is not None:
-                        self._add(n - item[0])
-                        item[0] = n
+                        self._add(n - item.nbytes)
+                        item.nbytes = n
             return
         if not self._on_device(t):
             return
@@ -178,11 +187,13 @@ class TensorLedger:
         # keyed by the storage object's id: PyTorch keeps one Python object per live storage, and
         # our weakref's callback removes the key when it dies, before the id can be reused
         key = id(st)
-        ref = weakref.ref(st, self._make_free_cb(key))
+        ref = _StorageRef(st, self._freed_cb)
+        ref.key = key
+        ref.nbytes = n
         with self._lock:
             if self.closed or key in self._live:
                 return
-            self._live[key] = [n, ref]
+            self._live[key] = ref
             if born:
                 self.allocations += 1
                 self._add(n)
@@ -192,20 +203,19 @@ class TensorLedger:
         if self.current > self.peak:
             self.peak = self.current
 
-    def _make_free_cb(self, key: int) -> Callable[[Any], None]:
-        def freed(_ref: Any) -> None:
-            with self._lock:
-                item = self._live.pop(key, None)
-                if item is not None:
-                    self.current -= item[0]
-                    self.frees += 1
-        return freed
+    def _freed(self, ref: "_StorageRef") -> None:
+        with self._lock:
+            if self._live.get(ref.key) is ref:
+                del self._live[ref.key]
+                self.current -= ref.nbytes
+                self.frees += 1
 
     def close(self) -> None:
         """Stop tracking: drop every weakref, so no callback outlives the forward."""
         with self._lock:
             self.closed = True
             self._live.clear()
+            self._freed_cb = None  # drop the ledger -> bound method -> ledger cycle
 
 
 _FRESH: dict[Any, tuple[bool, ...]] = {}
@@ -268,7 +278,7 @@ def _dispatch(mode: "LedgerMode", func: Any, args: tuple[Any, ...], kwargs: dict
             try:
                 st = out.untyped_storage()
                 known = live.get(id(st))
-                if known is not None and st.nbytes() == known[0]:
+                if known is not None and st.nbytes() == known.nbytes:
                     return out  # a view or in-place result on a storage we hold, same size
             except (RuntimeError, NotImplementedError):
                 return out
