@@ -58,22 +58,32 @@ class LayerAccumulator:
 
     def merge(self, calls: Iterable[LayerCall], *, baseline: int = 0) -> None:
         """``baseline`` is added to levels to make them absolute (the CPU ledger counts from 0)."""
+        # unpacked, compared by hand: this runs for every call of every attributed forward
         with self._lock:
-            for c in calls:
-                a = self._acc.get(c.path)
+            acc = self._acc
+            for path, entry, peak, exit_level, allocs, frees, dur, frag, _raised, rpeak in calls:
+                a = acc.get(path)
                 if a is None:
-                    a = self._acc[c.path] = _Acc()
+                    a = acc[path] = _Acc()
                 a.calls += 1
-                a.peak_allocated = max(a.peak_allocated, c.peak_level + baseline)
-                a.peak_increase = max(a.peak_increase, c.peak_increase)
-                a.retained = c.retained if a.retained is None else max(a.retained, c.retained)
-                a.peak_reserved = max(a.peak_reserved, c.reserved_peak + baseline)
-                if c.fragmentation is not None:
-                    a.frag_sum += c.fragmentation
+                level = peak + baseline
+                if level > a.peak_allocated:
+                    a.peak_allocated = level
+                inc = peak - entry
+                if inc > a.peak_increase:
+                    a.peak_increase = inc
+                ret = exit_level - entry
+                if a.retained is None or ret > a.retained:
+                    a.retained = ret
+                rlevel = rpeak + baseline
+                if rlevel > a.peak_reserved:
+                    a.peak_reserved = rlevel
+                if frag is not None:
+                    a.frag_sum += frag
                     a.frag_n += 1
-                a.allocs += c.allocations
-                a.frees += c.frees
-                a.duration_s += c.duration_s
+                a.allocs += allocs
+                a.frees += frees
+                a.duration_s += dur
 
     def snapshot(self) -> dict[str, LayerMemoryStats]:
         with self._lock:

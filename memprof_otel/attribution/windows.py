@@ -64,15 +64,22 @@ class WindowedPeaks:
     def merge(self, calls: Iterable[LayerCall], baseline: int, now: float) -> None:
         with self._lock:
             self._roll(now)
-            for c in calls:
-                w = self._current.get(c.path)
+            current = self._current
+            for path, entry, peak, exit_level, _allocs, _frees, _dur, frag, _raised, _rpeak in calls:
+                w = current.get(path)
                 if w is None:
-                    w = self._current[c.path] = _W()
-                w.inc = max(w.inc, c.peak_increase)
-                w.alloc = max(w.alloc, c.peak_level + baseline)
-                w.ret = c.retained if w.ret is None else max(w.ret, c.retained)
-                if c.fragmentation is not None:
-                    w.frag_sum += c.fragmentation
+                    w = current[path] = _W()
+                inc = peak - entry
+                if inc > w.inc:
+                    w.inc = inc
+                level = peak + baseline
+                if level > w.alloc:
+                    w.alloc = level
+                ret = exit_level - entry
+                if w.ret is None or ret > w.ret:
+                    w.ret = ret
+                if frag is not None:
+                    w.frag_sum += frag
                     w.frag_n += 1
 
     def exported(self, now: float) -> dict[str, WindowFigures]:

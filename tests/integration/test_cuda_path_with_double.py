@@ -49,7 +49,7 @@ class DeviceNet(nn.Module):
 def device(monkeypatch):
     dev = ScriptedCudaAllocatorDouble(0)
     src = CudaAllocatorSource(0, stats_fn=dev.memory_stats_nested, reset_peak_fn=dev.reset_peak)
-    monkeypatch.setattr(instrument_mod, "_module_device", lambda m: torch.device("cuda", 0))
+    monkeypatch.setattr(instrument_mod, "_tensor_device", lambda t: torch.device("cuda", 0))
     monkeypatch.setattr(registry, "cuda_allocator", lambda index: src if index == 0 else None)
     return dev, src
 
