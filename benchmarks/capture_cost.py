@@ -35,8 +35,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from memprof_otel.dump_store import DumpStore  # noqa: E402
-from memprof_otel.dumps import dump_service  # noqa: E402
+from memprof_otel.dumps.store import DumpStore  # noqa: E402
+from memprof_otel.runtime import runtime  # noqa: E402
 
 from ._paired import paired  # noqa: E402
 from .overhead import gpt2, gpt2_workloads, minilm, minilm_workloads  # noqa: E402
@@ -121,7 +121,7 @@ def run_model(name: str, quick: bool, captures: int, dump_dir: str) -> list[dict
             captured()
             cap2 = last[0]
             t0 = time.perf_counter()
-            dump_service().store_capture(h.name, cap2, reason="bench")
+            runtime().dump_service.store_capture(h.name, cap2, reason="bench")
             service_s.append(time.perf_counter() - t0)
             if i == 0:
                 sizes = {"allocation_records": len(cap.allocations), "call_events": len(cap.calls),

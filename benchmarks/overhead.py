@@ -18,6 +18,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -94,7 +95,8 @@ PLAN = {
 }
 
 
-def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1.0) -> list[dict[str, Any]]:
+def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1.0,
+        clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for model_name, build, workloads in (("gpt2", gpt2, gpt2_workloads), ("minilm", minilm, minilm_workloads)):
         if only and only not in model_name and not any(only in f"{model_name} {w}" for w in PLAN):
@@ -116,7 +118,7 @@ def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1
                     pairs = max(4, pairs // 5)
                 inst = {"deep-capture": _capturing, "aa-control": _paused}.get(mode, _running)(h, fn)
                 with torch.inference_mode():
-                    r = paired(f"{key} [{mode}]", _paused(h, fn), inst, pairs=pairs, block=block)
+                    r = paired(f"{key} [{mode}]", _paused(h, fn), inst, pairs=pairs, block=block, clock=clock)
                 st = h.scheduler.state()
                 print(r.row() + f"  attributed {st.attributed}/{st.forwards}", flush=True)
                 results.append(_as_dict(r, mode, st.attributed, st.forwards))
@@ -160,10 +162,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--only", help="run only workloads whose name contains this (e.g. 'gpt2 decode')")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the number of pairs")
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's own choice)")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="wall time, or the calling thread's CPU time (needs --threads 1; robust on a "
+                         "shared machine)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "thread" and args.threads != 1:
+        ap.error("--clock thread needs --threads 1 (other intra-op threads' work would not be counted)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.machine()}, "
           f"python {sys.version.split()[0]}, memprof_otel {mp.__version__}")
-    results = run(args.modes.split(","), args.quick, args.only, args.scale)
+    print(f"clock: {args.clock}")
+    results = run(args.modes.split(","), args.quick, args.only, args.scale,
+                  time.thread_time if args.clock == "thread" else time.perf_counter)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

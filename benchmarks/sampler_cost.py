@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
 from memprof_otel.runtime import runtime  # noqa: E402
-from memprof_otel.sampler import Sampler, SourceSpec  # noqa: E402
+from memprof_otel.telemetry.sampler import Sampler, SourceSpec  # noqa: E402
 from memprof_otel.sources import registry  # noqa: E402
 
 from ._paired import PairedResult  # noqa: E402

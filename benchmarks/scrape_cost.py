@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel.http_app import Endpoint, Request
+from memprof_otel.http.app import Endpoint, Request
 from memprof_otel.runtime import runtime
 
 GOAL_S = 0.010  # at 1,000 layers
@@ -147,7 +147,7 @@ def measure(n_layers: int, ep: Endpoint, port: int, scrapes: int, watch: GcWatch
     t_series, _ = timed(lambda: rt.series(max_age_s=0.0), scrapes)
     t_views, _ = timed(rt.layer_views, scrapes)
     t_collect, fams = timed(lambda: list(collector.collect()), scrapes)
-    from memprof_otel.prom_collector import make_registry
+    from memprof_otel.export.prometheus import make_registry
 
     full = make_registry(rt)  # layers through prometheus_client too: the path before the fast writer
     generic_body = generic_scrape(full)
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     mp.start_monitoring({"sampler": {"interval": "1s"}})
     srv = mp.serve(host="127.0.0.1", port=0)
-    ep = Endpoint()
+    ep = Endpoint(runtime())
     watch = GcWatch()
     results = [measure(0, ep, srv.port, scrapes, watch)]
     for n in (int(x) for x in args.layers.split(",")):

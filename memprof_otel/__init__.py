@@ -5,18 +5,19 @@ Importing has no side effects: no thread, no hook, no registry write until you c
 from __future__ import annotations
 
 from ._version import __version__
-from .api import end_phase, mark_operation, plot, report, shutdown, start_monitoring, stop_monitoring, timeline
+from .api import (add_alert_callback, asgi_app, end_phase, instrument, mark_operation, operation, plot,
+                  remove_alert_callback, report, serve, shutdown, start_monitoring, stop_monitoring, timeline,
+                  wsgi_app)
 from .attribution.stats import LayerMemoryStats
-from .capture import Capture
+from .attribution.torch.instrumentation import Instrumentation
 from .config import Config, load_config
-from .http_server import Server, asgi_app, serve, wsgi_app
-from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound,
-                     InstrumentationError, InvalidDumpId, MemprofError, ServeError, SourceUnavailable, UnknownModel)
-from .instrumentation import Instrumentation, instrument
-from .operations import current_operation, operation
+from .dumps.capture import Capture
+from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,
+                     InstrumentationError, InvalidDumpId, MemprofError, ServeError, SourceUnavailable,
+                     UnknownModel)
+from .http.server import Server
+from .telemetry.operations import current_operation
 from .timeline import OperationRecord, Sample, Timeline
-from .timeline_export import ExportError
-from .watchdog import add_alert_callback, remove_alert_callback
 
 __all__ = sorted([
     "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "DumpNotFound",

@@ -1,15 +1,39 @@
-"""The module-level functions of the public API (``mp.operation``, ``mp.report``, ...)."""
+"""The public API's functions and ``operation``: the only modules besides the composition root
+(``runtime.py``) that look up the process runtime. Everything below receives what it needs."""
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import os
-from typing import Any
+import time
+from typing import Any, Callable, Iterable, TypeVar
 
-from . import plot as _plot_module  # noqa: F401  load before mp.plot is bound: a lazy
-from . import report as _report_module  # noqa: F401  submodule import would replace the function
+from torch import nn
+
+from .attribution.torch.instrumentation import Instrumentation, attach
 from .config import Config
-from .operations import operation
+from .errors import MemprofError
+from .http import server as _http
+from .reports.plot import plot_timeline
+from .reports.text import format_report
 from .runtime import runtime
+from .telemetry.operations import reset_current, set_current
 from .timeline import OperationRecord, Timeline
+from .watchdog.adapter import AlertCallback
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def instrument(model: nn.Module, name: str | None = None, config: Any = None,
+               **overrides: Any) -> Instrumentation:
+    """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
+    rt = runtime()
+    # a config given to start_monitoring() is the process's: models instrumented later use it (not
+    # one adopted from an earlier instrument() call, whose overrides belong to that model)
+    h = attach(model, name, rt.monitoring_config if config is None else config, **overrides)
+    rt.connect(h)
+    return h
 
 
 def start_monitoring(config: Any = None, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
@@ -31,8 +55,6 @@ def shutdown(timeout: float = 5.0) -> bool:
 def mark_operation(name: str, **attributes: Any) -> OperationRecord:
     """Start a process-wide phase named ``name``; the previous phase ends here."""
     if not isinstance(name, str) or not name:
-        from .errors import MemprofError
-
         raise MemprofError(f"operation name must be a non-empty string, got {name!r}")
     return runtime().operations_tracker().mark(name, dict(attributes))
 
@@ -45,8 +67,6 @@ def end_phase() -> None:
 def timeline(since: float | None = None) -> Timeline:
     """Synchronized arrays (timestamps, RSS, CPU, I/O, allocator bytes per device) + operations.
     ``since``: seconds back from now (None = everything in the ring buffer)."""
-    import time
-
     rt = runtime()
     since_unix = None if since is None else time.time() - since
     samples = rt.sampler.samples(since_unix) if rt.sampler is not None else []
@@ -55,8 +75,6 @@ def timeline(since: float | None = None) -> Timeline:
 
 def report() -> str:
     """The operations report: peak RSS, when, during which operation; a numbered timeline."""
-    from .report import format_report
-
     rt = runtime()
     samples = rt.sampler.samples() if rt.sampler is not None else []
     return format_report(samples, rt.tracker.records())
@@ -64,10 +82,110 @@ def report() -> str:
 
 def plot(path: str | os.PathLike[str]) -> None:
     """Write the 4-panel PNG (memory with phases, CPU, disk I/O per phase, durations)."""
-    from .plot import plot_timeline
-
     plot_timeline(timeline(), path)
 
 
-__all__ = ["Config", "end_phase", "mark_operation", "operation", "plot", "report", "shutdown",
-           "start_monitoring", "stop_monitoring", "timeline"]
+def serve(host: str | None = None, port: int | None = None, token: str | None = None) -> _http.Server:
+    """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
+    return _http.serve(runtime(), host, port, token)
+
+
+def wsgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
+    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
+    return _http.wsgi_app(runtime(), token, bind_host=bind_host)
+
+
+def asgi_app(token: str | None = None, *, bind_host: str | None = None) -> Callable[..., Any]:
+    """The endpoint as an ASGI application (mount it in FastAPI/Starlette: ``app.mount("/memprof", ...)``).
+    Handlers run in a worker thread: a dump waiting for forwards never blocks the event loop."""
+    return _http.asgi_app(runtime(), token, bind_host=bind_host)
+
+
+def add_alert_callback(fn: AlertCallback) -> None:
+    """Call ``fn(alert_dict)`` when a rule with the ``callback`` action starts firing."""
+    runtime().alert_callbacks.append(fn)
+
+
+def remove_alert_callback(fn: AlertCallback) -> None:
+    try:
+        runtime().alert_callbacks.remove(fn)
+    except ValueError:
+        pass
+
+
+class operation:
+    """``with operation("generate", model="gpt2"):`` / ``@operation("embed")`` (sync or async).
+
+    Opens an OTel span (attributes ``memprof.memory.peak_bytes``, ``memprof.memory.delta_bytes``),
+    records duration, peak and delta. Telemetry failures are counted, never raised; the body's
+    own exception propagates unchanged.
+    """
+
+    def __init__(self, name: str, **attributes: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise MemprofError(f"operation name must be a non-empty string, got {name!r}")
+        self.name = name
+        self.attributes = attributes
+        # per context, so one operation object shared by threads or tasks closes the right record
+        self._stacks: contextvars.ContextVar[tuple[Any, ...]] = contextvars.ContextVar(
+            f"memprof_operation_stack_{id(self)}", default=())
+
+    def __enter__(self) -> OperationRecord | None:
+        tracker = runtime().operations_tracker()
+        if tracker is None:
+            return None
+        rec = tracker.begin(self.name, dict(self.attributes))
+        span = token = None
+        if tracker.spans is not None:
+            try:
+                span = tracker.spans.start(rec)
+                token = tracker.spans.activate(span)
+            except Exception as e:
+                tracker.count_error("span-start", e)
+        self._stacks.set(self._stacks.get() + ((rec, set_current(rec), span, token),))
+        return rec
+
+    def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
+        stack = self._stacks.get()
+        if not stack:
+            return
+        rec, ctx_token, span, token = stack[-1]
+        self._stacks.set(stack[:-1])
+        tracker = runtime().operations_tracker()
+        reset_current(ctx_token)
+        if tracker is None:
+            return
+        tracker.end(rec, exc)
+        if tracker.spans is not None and span is not None:
+            try:
+                tracker.spans.end(span, rec, exc)
+                if token is not None:
+                    tracker.spans.deactivate(token)
+            except Exception as e:
+                tracker.count_error("span-end", e)
+
+    async def __aenter__(self) -> OperationRecord | None:
+        return self.__enter__()
+
+    async def __aexit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
+        self.__exit__(et, exc, tb)
+
+    def __call__(self, fn: F) -> F:
+        name, attrs = self.name, self.attributes
+        if asyncio.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                async with operation(name, **attrs):
+                    return await fn(*args, **kwargs)
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with operation(name, **attrs):
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+__all__ = ["Config", "add_alert_callback", "asgi_app", "end_phase", "instrument", "mark_operation", "operation",
+           "plot", "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring",
+           "timeline", "wsgi_app"]

@@ -474,7 +474,7 @@ def _parse_field(f: dataclasses.Field, raw: Any, where: str) -> Any:
 
 
 def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    import yaml
+    import yaml  # why: only config files need YAML; dict and env configs never load it
 
     p = Path(path)
     try:

@@ -48,3 +48,7 @@ class UnknownModel(MemprofError, LookupError):
 
 class ServeError(MemprofError, OSError):
     """The endpoint cannot listen where asked (port taken, address not on this host)."""
+
+
+class ExportError(MemprofError, OSError):
+    """A file could not be written (bad path, disk full); nothing partial is left behind."""

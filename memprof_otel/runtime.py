@@ -1,13 +1,17 @@
-"""The process-wide runtime: the one sampler, the operations, the exporters, the servers.
+"""The composition root: the one place that builds the process-wide services and wires them.
 
-Created on first use (import stays free of side effects). ``instrument()`` and ``operation()``
-start it with the config they were given if nothing runs yet; ``start_monitoring(config)``
-(re)starts it explicitly. ``shutdown()`` stops everything within a bounded time and also runs at
-interpreter exit.
+It owns the sampler, the operations tracker, the exporters, the watchdog, the dump service and the
+servers, and hands each one what it needs (functions, counters, the series). Every other module
+receives its collaborators as arguments; only this module and the public API (``api.py``) look
+up the process runtime. Created on first use (import stays free of side effects).
+``instrument()`` and ``operation()`` start it with the config they were given if nothing runs yet;
+``start_monitoring(config)`` (re)starts it explicitly. ``shutdown()`` stops everything within a
+bounded time and also runs at interpreter exit.
 """
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 from collections import Counter
@@ -15,13 +19,20 @@ from typing import Any, Callable
 
 from ._log import rate_limited
 from ._version import __version__
-from .config import Config, load_config
-from .operation_stats import OperationStats
-from .operations import OperationTracker
-from .sampler import Sampler, SourceSpec, check_gpus
-from .series import LayerView, SelfView, Series, build_series
+from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
+from .config import Config, DumpsConfig, load_config
+from .dumps.oom_recorder import OomRecorder
+from .dumps.service import DumpService
+from .export.otel import OtelExporter
+from .export.otel_observer import OtelForwardObserver
 from .sources import registry
-from .timeline import OperationRecord
+from .sources.cuda import available_devices
+from .telemetry.operation_stats import OperationStats
+from .telemetry.operations import OperationTracker
+from .telemetry.sampler import Sampler, SourceSpec, check_gpus
+from .telemetry.series import LayerView, SelfView, Series, build_series
+from .timeline import OperationRecord, Sample
+from .watchdog.adapter import AlertCallback, Watchdog
 
 
 class _Probe:
@@ -45,16 +56,12 @@ class _Probe:
 
 def _cuda_devices() -> list[int]:
     try:
-        from .sources.cuda import available_devices
-
         return available_devices()
     except Exception:
         return []
 
 
 def _torch_version() -> str:
-    import sys
-
     torch = sys.modules.get("torch")
     return str(getattr(torch, "__version__", "")) if torch is not None else ""
 
@@ -63,8 +70,12 @@ class Runtime:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self.config: Config | None = None
+        # the config given to start_monitoring(): the default for models instrumented without one.
+        # A config adopted from the first instrument() call is not: its per-model overrides
+        # (every forward attributed, say) must not leak into the next model.
+        self.monitoring_config: Config | None = None
         self.sampler: Sampler | None = None
-        self.otel: Any = None
+        self.otel: OtelExporter | None = None
         self.tracker = OperationTracker(_Probe())
         self.op_stats: OperationStats = OperationStats()
         self.tracker.add_end_listener(self._operation_ended)
@@ -73,8 +84,14 @@ class Runtime:
         self.export_errors: Counter[str] = Counter({"prometheus": 0})
         self.dumps: Counter[tuple[str, str]] = Counter({("speedscope", "ok"): 0, ("speedscope", "error"): 0})
         self.extra_ooms: Counter[str] = Counter()
-        self.watchdog: Any = None           # set by the watchdog module when rules exist
+        self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
+        self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
+        self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump)
+        # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
+        self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
+                                        self.dump_service.store_json)
+        self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error)
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
@@ -101,6 +118,7 @@ class Runtime:
             if self.running:
                 self._stop(timeout=2.0)
             self._start(cfg, meter_provider=meter_provider, tracer_provider=tracer_provider)
+            self.monitoring_config = cfg
         return self
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
@@ -116,9 +134,9 @@ class Runtime:
         if cfg.otel.enabled and (self.otel is None or otel_changed or meter_provider or tracer_provider):
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
-        from .watchdog import Watchdog
-
-        self.watchdog = Watchdog(self, cfg.watchdog)
+        self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
+                                 span_event=self._span_event, dump_all=self._dump_all,
+                                 count_dump=self.count_dump, callbacks=self.alert_callbacks)
         sampler.add_listener(self.watchdog.on_sample)
         self.sampler = sampler
         self.started_unix = time.time()
@@ -129,8 +147,6 @@ class Runtime:
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:
-            from .otel_export import OtelExporter
-
             if self.otel is not None:
                 self.otel.shutdown(1.0)
             self.otel = OtelExporter(cfg.otel, cfg.service_name, self.series, self.count_export_error,
@@ -156,6 +172,34 @@ class Runtime:
         if nvml_fn is not None and (n := nvml_fn()) is not None:
             specs.append(SourceSpec("nvml", n.readings, check_gpus))
         return specs
+
+    # ---- what the services are handed ------------------------------------------------------
+    def connect(self, h: Instrumentation) -> None:
+        """Start the process runtime (sampler, exporters) with the handle's config unless one runs,
+        and hand the handle what the layers above it want of its forwards."""
+        self.ensure_started(h.config)
+        h.process_history = self._history
+        h._observers += [self.oom_recorder, self.otel_observer]
+
+    def _dumps_config(self) -> DumpsConfig | None:
+        cfg = self.config
+        return cfg.dumps if cfg is not None else None
+
+    def _samples(self) -> list[Sample]:
+        return self.sampler.samples() if self.sampler is not None else []
+
+    def _history(self) -> tuple[list[Sample], list[OperationRecord]]:
+        return self._samples(), self.tracker.records()
+
+    def _count_oom(self, device: str) -> None:
+        self.extra_ooms[device] += 1
+
+    def _span_event(self, name: str, attributes: dict[str, Any]) -> None:
+        if self.otel is not None:
+            self.otel.span_event(name, attributes)
+
+    def _dump_all(self, reason: str) -> None:
+        self.dump_service.capture_all(reason=reason, forwards=1, timeout=60.0)
 
     def stop_monitoring(self, timeout: float = 2.0) -> bool:
         with self._lock:
@@ -194,6 +238,7 @@ class Runtime:
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
             self.config = None  # the next start takes the config it is given afresh
+            self.monitoring_config = None
         return ok
 
     # ---- counters --------------------------------------------------------------------------
@@ -215,8 +260,6 @@ class Runtime:
 
     # ---- the one data path exporters read --------------------------------------------------
     def layer_views(self) -> list[LayerView]:
-        from .instrumentation import live_instrumentations
-
         views = []
         for name, h in sorted(live_instrumentations().items()):
             views.append(LayerView(
@@ -261,23 +304,6 @@ class Runtime:
             self._series_cache = (now, out)
         return out
 
-
-class _LayerTimeObserver:
-    """Forward observer: the layer calls of an attributed forward -> the OTel layer-forward
-    histogram (looked up per forward: a restart may replace the exporter)."""
-
-    def forward_begin(self, h: Any, state: Any) -> None:
-        return None
-
-    def forward_done(self, h: Any, state: Any, raised: bool, exc: BaseException | None) -> None:
-        if state is None:  # most forwards are not attributed: nothing to record
-            return
-        otel = runtime().otel
-        if otel is not None:
-            otel.record_layer_calls(h.name, h.last_device, state.calls)
-
-
-layer_time_observer = _LayerTimeObserver()
 
 _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()

@@ -14,4 +14,6 @@ fi
 # torch first and pinned: a bare or open-ended torch pulls a multi-GB CUDA build
 .venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
+# the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -9,7 +9,6 @@ every ancestor, never for a sibling. The caller resets the register after ``ente
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..sources.base import Reading
@@ -37,34 +36,34 @@ class LayerCall(NamedTuple):
         return self.exit_level - self.entry_level
 
 
-@dataclass
-class _Frame:
-    path: str
-    key: int            # identity of what was entered (module id); exits must match it
-    entry_level: int
-    peak: int
-    allocations: int
-    frees: int
-    start_s: float
-    reserved_peak: int
+# A frame is a list, not an object: one is made per module call of an attributed forward, and a
+# list is built and indexed several times faster than a dataclass. Fields, by index:
+_PATH, _KEY, _ENTRY, _PEAK, _ALLOCS, _FREES, _START, _RPEAK = range(8)
+_new_call = tuple.__new__  # LayerCall(...) through its Python __new__ costs 3x more
 
 
 class PeakTracker:
     """One per thread of execution; not thread-safe by design (each thread owns its own)."""
 
     def __init__(self) -> None:
-        self._stack: list[_Frame] = []
+        self._stack: list[list] = []
 
     @property
     def depth(self) -> int:
         return len(self._stack)
 
     def enter(self, path: str, key: int, r: Reading, now_s: float) -> None:
-        if self._stack:
-            parent = self._stack[-1]
-            parent.peak = max(parent.peak, r.peak, r.allocated)
-            parent.reserved_peak = max(parent.reserved_peak, max(r.reserved_peak, r.reserved))
-        self._stack.append(_Frame(path, key, r.allocated, r.allocated, r.allocations, r.frees, now_s, max(r.reserved_peak, r.reserved)))
+        allocated, reserved, peak, allocations, frees, _frag, reserved_peak = r
+        stack = self._stack
+        rp = reserved_peak if reserved_peak > reserved else reserved
+        if stack:
+            parent = stack[-1]
+            p = peak if peak > allocated else allocated
+            if p > parent[_PEAK]:
+                parent[_PEAK] = p
+            if rp > parent[_RPEAK]:
+                parent[_RPEAK] = rp
+        stack.append([path, key, allocated, allocated, allocations, frees, now_s, rp])
 
     def exit(self, key: int, r: Reading, now_s: float, raised: bool = False) -> list[LayerCall]:
         """Close the frame entered with ``key``.
@@ -73,21 +72,31 @@ class PeakTracker:
         exited (a hook that could not run); none when ``key`` is not on the stack (an exit we never
         saw enter, e.g. hooks installed mid-forward), which leaves the stack untouched.
         """
-        if not any(f.key == key for f in self._stack):
+        stack = self._stack
+        if not stack:
             return []
+        if stack[-1][_KEY] != key and not any(f[_KEY] == key for f in stack):
+            return []
+        allocated, reserved, peak, allocations, frees, frag, reserved_peak = r
+        level_peak = peak if peak > allocated else allocated
+        rp = reserved_peak if reserved_peak > reserved else reserved
         closed = []
         while True:
-            f = self._stack.pop()
-            peak = max(f.peak, r.peak, r.allocated)
-            reserved_peak = max(f.reserved_peak, max(r.reserved_peak, r.reserved))
-            closed.append(LayerCall(f.path, f.entry_level, peak, r.allocated, r.allocations - f.allocations,
-                                    r.frees - f.frees, max(0.0, now_s - f.start_s), r.fragmentation,
-                                    raised or f.key != key, reserved_peak))
-            if self._stack:
-                parent = self._stack[-1]
-                parent.peak = max(parent.peak, peak)
-                parent.reserved_peak = max(parent.reserved_peak, reserved_peak)
-            if f.key == key:
+            f = stack.pop()
+            fpeak = f[_PEAK] if f[_PEAK] > level_peak else level_peak
+            frp = f[_RPEAK] if f[_RPEAK] > rp else rp
+            dur = now_s - f[_START]
+            fkey = f[_KEY]
+            closed.append(_new_call(LayerCall, (f[_PATH], f[_ENTRY], fpeak, allocated, allocations - f[_ALLOCS],
+                                                 frees - f[_FREES], dur if dur > 0.0 else 0.0, frag,
+                                                 raised or fkey != key, frp)))
+            if stack:
+                parent = stack[-1]
+                if fpeak > parent[_PEAK]:
+                    parent[_PEAK] = fpeak
+                if frp > parent[_RPEAK]:
+                    parent[_RPEAK] = frp
+            if fkey == key:
                 return closed
 
     def clear(self) -> None:

@@ -11,6 +11,10 @@ import json
 import os
 from typing import Any, Mapping
 
+from ..reports.plot import plot_timeline
+from ..reports.text import format_report
+from ..timeline import OperationRecord, Sample, Timeline
+from ..units import format_bytes
 from ._common import EXIT_USAGE, CommandError
 
 HELP = "report (and plot) a timeline JSON from export_timeline() or GET /v1/timeline"
@@ -38,8 +42,6 @@ def load(path: str) -> dict[str, Any]:
 
 
 def parse_records(doc: Mapping[str, Any], path: str) -> tuple[list[Any], list[Any]]:
-    from ..timeline import OperationRecord, Sample
-
     try:
         samples = [Sample.from_dict(s) for s in doc.get("samples") or []]
         ops = [OperationRecord.from_dict(o) for o in doc.get("operations") or []]
@@ -51,8 +53,6 @@ def parse_records(doc: Mapping[str, Any], path: str) -> tuple[list[Any], list[An
 
 def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
     """The layer table from ``summary`` and ``layer_stats`` (None when the file has neither)."""
-    from ..units import format_bytes
-
     summary, stats = doc.get("summary"), doc.get("layer_stats")
     if not isinstance(summary, dict) and not isinstance(stats, dict):
         return None
@@ -79,9 +79,6 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import format_report
-    from ..timeline import Timeline
-
     doc = load(args.timeline)
     samples, ops = parse_records(doc, args.timeline)
     layers = format_layers(doc, args.top)
@@ -90,8 +87,6 @@ def run(args: argparse.Namespace) -> int:
         print()
     print(format_report(samples, ops))
     if args.png:
-        from ..plot import plot_timeline
-
         plot_timeline(Timeline.from_samples(samples, ops), args.png)
         print(f"\nplot written to {os.fspath(args.png)}")
     return 0

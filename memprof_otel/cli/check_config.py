@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ..config import Config
+from ..config import Config, load_config
+from ..units import format_bytes
 
 HELP = "validate a config file (unknown keys, bad values and units, bad watchdog rules)"
 
@@ -22,16 +21,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _threshold(metric: str, value: float) -> str:
-    from ..units import format_bytes
-
     if metric.endswith("_bytes"):
         return format_bytes(value)
     return f"{value:g} s" if metric.endswith("_seconds") else f"{value:g}"
 
 
-def summary_lines(cfg: "Config") -> list[str]:
-    from ..units import format_bytes
-
+def summary_lines(cfg: Config) -> list[str]:
     otlp = cfg.otel.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "none"
     rules = ", ".join(f"{r.name} ({r.metric} {r.op} {_threshold(r.metric, r.threshold)})"
                       for r in cfg.watchdog.rules)
@@ -50,8 +45,6 @@ def summary_lines(cfg: "Config") -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import load_config
-
     # a ConfigError (unknown key, bad value, missing file, bad YAML) reaches main: one line, exit 2
     cfg = load_config(args.file, environ=None if args.env else {})
     print(f"ok: {args.file}")

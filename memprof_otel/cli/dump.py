@@ -10,6 +10,7 @@ import argparse
 import json
 import urllib.parse
 
+from ..files import write_bytes_atomic
 from ._common import Client, CommandError
 
 HELP = "trigger a deep capture on a running endpoint and download it (speedscope JSON)"
@@ -26,8 +27,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..timeline_export import write_bytes_atomic
-
     if not 1 <= args.forwards <= 1000:
         raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", 2)
     if not 0 < args.timeout <= 600:

@@ -11,6 +11,15 @@ import platform
 import sys
 from typing import Any
 
+import psutil
+
+from .._version import __version__
+from ..sources.cuda import _unavailable_reason, available_devices
+from ..sources.glibc import HostAllocatorSource
+from ..sources.nvml import NvmlSource, NvmlUnavailable
+from ..sources.process import cgroup_memory_limit
+from ..units import format_bytes
+
 HELP = "system, torch, devices, NVML and allocator facts (what memprof-otel can measure here)"
 
 
@@ -19,10 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _system() -> dict[str, Any]:
-    import psutil
-
-    from ..sources.process import cgroup_memory_limit
-
     try:
         with open("/proc/self/cgroup", encoding="ascii") as f:
             limit = cgroup_memory_limit(f.read())
@@ -39,11 +44,9 @@ def _system() -> dict[str, Any]:
 
 def _torch() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # why: report a missing or broken torch instead of failing
     except ImportError as e:
         return {"version": None, "error": str(e)}
-    from ..sources.cuda import _unavailable_reason, available_devices
-
     devices = []
     for i in available_devices():
         try:
@@ -58,8 +61,6 @@ def _torch() -> dict[str, Any]:
 
 
 def _nvml() -> dict[str, Any]:
-    from ..sources.nvml import NvmlSource, NvmlUnavailable
-
     try:
         src = NvmlSource()
     except NvmlUnavailable as e:
@@ -75,8 +76,6 @@ def _nvml() -> dict[str, Any]:
 
 
 def _allocator() -> dict[str, Any]:
-    from ..sources.glibc import HostAllocatorSource
-
     probe = HostAllocatorSource.probe()  # the same answer as sources.glibc.backend(), plus why not
     out: dict[str, Any] = {"backend": probe.backend, "figures": "mallinfo2" if probe.available else None}
     if not probe.available:
@@ -85,15 +84,11 @@ def _allocator() -> dict[str, Any]:
 
 
 def collect() -> dict[str, Any]:
-    from .._version import __version__
-
     return {"memprof_otel": __version__, "system": _system(), "torch": _torch(), "nvml": _nvml(),
             "host_allocator": _allocator()}
 
 
 def _size(n: int | None) -> str:
-    from ..units import format_bytes
-
     return "not set" if n is None else format_bytes(n)
 
 

@@ -11,6 +11,9 @@ import sys
 import time
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..units import format_bytes
 from ._common import Client, CommandError
 
 HELP = "live terminal view of a running endpoint (--once for a single frame)"
@@ -30,8 +33,6 @@ Series = dict[str, list[tuple[dict[str, str], float]]]
 
 def parse_metrics(text: str) -> Series:
     """Prometheus text -> sample name -> [(labels, value)] (histogram/summary parts by sample name)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     out: Series = {}
     try:
         for fam in text_string_to_metric_families(text):
@@ -58,8 +59,6 @@ def _one(m: Series, name: str, **labels: str) -> float | None:
 
 
 def _b(v: float | None) -> str:
-    from ..units import format_bytes
-
     return "n/a" if v is None else format_bytes(v)
 
 

@@ -25,7 +25,7 @@ ResetPeakFn = Callable[[int], None]
 def _unavailable_reason(device_index: int | None = None) -> str | None:
     """Why CUDA cannot be read here, or None when it can. Never raises."""
     try:
-        import torch
+        import torch  # why: CUDA is asked about only on demand; never initialise it at import
 
         if getattr(torch.version, "cuda", None) is None and getattr(torch.version, "hip", None) is None:
             return f"torch {torch.__version__} was built without CUDA"
@@ -49,7 +49,7 @@ def available_devices() -> list[int]:
     if _unavailable_reason() is not None:
         return []
     try:
-        import torch
+        import torch  # why: CUDA is asked about only on demand; never initialise it at import
 
         return list(range(torch.cuda.device_count()))
     except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
@@ -60,7 +60,7 @@ def _default_fns(device_index: int) -> tuple[StatsFn, ResetPeakFn]:
     reason = _unavailable_reason(device_index)
     if reason is not None:
         raise SourceUnavailable(f"cuda:{device_index}: {reason}")
-    import torch
+    import torch  # why: CUDA is asked about only on demand; never initialise it at import
 
     raw_stats: StatsFn = torch._C._cuda_memoryStats
     raw_reset: ResetPeakFn = torch._C._cuda_resetPeakMemoryStats

@@ -18,7 +18,7 @@ SnapshotFn = Callable[..., Any]
 
 
 def _torch_fns() -> tuple[RecordFn, SnapshotFn]:
-    import torch.cuda.memory as cm
+    import torch.cuda.memory as cm  # why: CUDA memory internals only when a capture records history
 
     return cm._record_memory_history, cm._snapshot
 

@@ -98,7 +98,7 @@ class NvmlSource:
     def __init__(self, nvml: Any = None, pid: int | None = None) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml as nvml  # why: optional: the NVML bindings may be absent
             except ImportError as e:
                 raise NvmlUnavailable(f"pynvml is not importable ({e}); install nvidia-ml-py",
                                       no_gpu=True) from e

@@ -8,13 +8,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._log import logger
 from ..errors import SourceUnavailable
-
-if TYPE_CHECKING:
-    from .nvml import NvmlSource
+from .cuda import CudaAllocatorSource
+from .cuda_history import CudaHistoryRecorder
+from .glibc import HostAllocatorSource
+from .nvml import NvmlSource
+from .process import ProcessSource
 
 _lock = threading.Lock()
 _sources: dict[str, Any] = {}
@@ -42,26 +44,18 @@ def _get(name: str, make: Any,
 
 
 def host_allocator() -> Any | None:
-    from .glibc import HostAllocatorSource
-
     return _get("cpu", HostAllocatorSource)
 
 
 def cuda_allocator(index: int) -> Any | None:
-    from .cuda import CudaAllocatorSource
-
     return _get(f"cuda:{index}", lambda: CudaAllocatorSource(index))
 
 
 def process() -> Any | None:
-    from .process import ProcessSource
-
     return _get("process", ProcessSource)
 
 
 def nvml() -> NvmlSource | None:
-    from .nvml import NvmlSource
-
     return _get("nvml", NvmlSource, on_down=_log_nvml_down)
 
 
@@ -86,8 +80,6 @@ def reset_for_tests() -> None:
 def cuda_history_recorder(index: int, max_entries: int) -> Any | None:
     """A fresh allocator-history recorder for one capture (None when it cannot be built)."""
     try:
-        from .cuda_history import CudaHistoryRecorder
-
         return CudaHistoryRecorder(index, max_entries)
     except Exception:
         return None

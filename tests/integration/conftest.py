@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import memprof_otel as mp
-from memprof_otel.instrumentation import live_instrumentations
+from memprof_otel.attribution.torch.instrumentation import live_instrumentations
 from memprof_otel.runtime import runtime
 
 

@@ -10,7 +10,7 @@ import torch.nn.modules.module as torch_module
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel import hooks
+from memprof_otel.attribution.torch import hooks
 
 from .models import F32, KwargsDict, Tree, WithRaiser
 
@@ -241,7 +241,7 @@ def test_hook_failure_is_counted_and_the_forward_runs(x, monkeypatch):
     model = Tree()
     plain = model(x)
     with mp.instrument(model, **EVERY) as h:
-        from memprof_otel.forward_state import ForwardState
+        from memprof_otel.attribution.torch.forward_state import ForwardState
 
         def broken(self, path, key, t):
             raise RuntimeError("telemetry bug")
@@ -325,3 +325,32 @@ def test_pause_runs_plain_and_resume_continues(x):
         assert h.layer_stats()[""].calls == 2 and h.scheduler.state().forwards == 2
     h.resume()  # after uninstrument: stays detached
     assert _no_hooks_left(model)
+
+
+def test_a_models_overrides_do_not_become_the_next_models_config() -> None:
+    """instrument(a, overhead_budget=1.0) starts the runtime; instrument(b) must still get the
+    default budget (sampled attribution), not a's every-forward settings. A config given to
+    start_monitoring() is the one later models inherit."""
+    a = nn.Sequential(nn.Linear(8, 8)).eval()
+    b = nn.Sequential(nn.Linear(8, 8)).eval()
+    x = torch.randn(2, 8)
+    ha = mp.instrument(a, name="every", every_n_forwards=1, overhead_budget=1.0)
+    hb = mp.instrument(b, name="sampled")
+    try:
+        assert hb.config.attribution.overhead_budget == mp.load_config().attribution.overhead_budget
+        assert hb.config.attribution.overhead_budget < 1.0
+        with torch.no_grad():
+            for _ in range(50):
+                a(x)
+                b(x)
+        assert ha.scheduler.state().attributed == 50
+        assert hb.scheduler.state().attributed < 5, hb.scheduler.state()
+    finally:
+        ha.uninstrument()
+        hb.uninstrument()
+    mp.start_monitoring(mp.load_config(attribution={"overhead_budget": 1.0, "every_n_forwards": 1}))
+    hc = mp.instrument(nn.Sequential(nn.Linear(8, 8)).eval(), name="inherits")
+    try:
+        assert hc.config.attribution.overhead_budget == 1.0
+    finally:
+        hc.uninstrument()

@@ -76,7 +76,7 @@ def test_capture_busy_and_bad_arguments():
             h.capture(forwards=1)
         for bad in (0, -1, 1.5, "2", True):
             with pytest.raises(ValueError):
-                mp.capture.Capture("m", bad)  # type: ignore[arg-type]
+                mp.Capture("m", bad)  # type: ignore[arg-type]
     with pytest.raises(mp.InstrumentationError):
         h.capture()
     with pytest.raises(mp.MemprofError):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
-import memprof_otel.instrumentation as instrument_mod
+import memprof_otel.attribution.torch.instrumentation as instrument_mod
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble, round_size
@@ -151,7 +151,7 @@ def test_cuda_history_is_bounded_and_stored_beside_the_dump(history, tmp_path):
     model = DeviceNet(dev)
     import threading
 
-    from memprof_otel.dumps import dump_service
+    from memprof_otel.runtime import runtime
 
     with mp.instrument(model, name="devnet", **EVERY):
         stop = threading.Event()
@@ -163,15 +163,15 @@ def test_cuda_history_is_bounded_and_stored_beside_the_dump(history, tmp_path):
         t = threading.Thread(target=traffic)
         t.start()
         try:
-            info = dump_service().capture("devnet", forwards=1, timeout=10)
+            info = runtime().dump_service.capture("devnet", forwards=1, timeout=10)
         finally:
             stop.set()
             t.join()
-    snap_info = dump_service().related[info.id]
+    snap_info = runtime().dump_service.related[info.id]
     assert snap_info.kind == "cuda_snapshot" and snap_info.model == "devnet"
     import json
 
-    stored = json.loads(dump_service().store.read(snap_info.id))
+    stored = json.loads(runtime().dump_service.store.read(snap_info.id))
     assert len(stored["device_traces"][0]) == 3  # the last 3 events only
     assert not dev.recording
 

@@ -18,7 +18,7 @@ from torch import nn
 
 import memprof_otel as mp
 from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
-from memprof_otel import hooks
+from memprof_otel.attribution.torch import hooks
 from tests.schemas import speedscope_validator
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}

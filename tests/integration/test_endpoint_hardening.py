@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
+from memprof_otel.http.app import timeline_page
 from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
 
 from .models import Tree
@@ -346,8 +347,6 @@ def test_timeline_pages_together_equal_one_big_read(client):
 
 
 def test_timeline_page_stays_within_its_byte_budget():
-    from memprof_otel.http_app import timeline_page
-
     class Item:
         def __init__(self, i: int) -> None:
             self.t, self.id = 1000.0 + i, i + 1

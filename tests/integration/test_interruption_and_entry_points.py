@@ -11,7 +11,7 @@ import torch.nn.modules.module as torch_module
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel import hooks
+from memprof_otel.attribution.torch import hooks
 
 from .models import F32, Transient, Tree
 

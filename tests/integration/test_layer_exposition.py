@@ -7,8 +7,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel.layer_exposition import LAYER_FAMILIES
-from memprof_otel.prom_collector import make_registry, render_exposition
+from memprof_otel.export.layer_exposition import LAYER_FAMILIES
+from memprof_otel.export.prometheus import make_registry, render_exposition
 from memprof_otel.runtime import runtime
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 import memprof_otel as mp
 from memprof_otel.config import OtelConfig
-from memprof_otel.otel_export import OtelExporter
+from memprof_otel.export.otel import OtelExporter
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
 

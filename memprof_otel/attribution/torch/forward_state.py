@@ -1,0 +1,117 @@
+"""One attributed forward in one thread: the per-layer hook sink and its counter.
+
+Created by the pre-hook of the module that opens the forward (the root, or a submodule called
+directly) when the scheduler picks it, fed by the global module hooks (``hooks.py``) for every
+module call of that thread, closed by that module's post-hook. Nothing here
+raises into the model: every failure is counted on the owning instrumentation and logged
+rate-limited.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+from ..peaks import LayerCall, PeakTracker
+from ...sources.base import Reading
+
+
+class HotCounter(Protocol):
+    """What the tracker reads on every hook: a ledger (CPU) or an allocator source (CUDA)."""
+
+    def read_and_reset(self) -> Reading: ...  # pragma: no cover - protocol
+    def reset_peak(self) -> None: ...  # pragma: no cover - protocol
+
+
+# Timeline events are kept as tuples (a dict per layer enter/exit made every attributed forward
+# cost ~0.3 us and ~400 B per event); ``event_dict`` turns one into its documented JSON shape.
+EnterEvent = tuple  # (t_s, "layer_enter", layer, allocated_bytes)
+ExitEvent = tuple   # (t_s, "layer_exit", layer, allocated_bytes, peak_increase, retained, duration_s, raised)
+
+
+def event_dict(e: tuple) -> dict[str, Any]:
+    if e[1] == "layer_enter":
+        return {"t": e[0], "type": e[1], "layer": e[2], "allocated_bytes": e[3]}
+    return {"t": e[0], "type": e[1], "layer": e[2], "allocated_bytes": e[3], "peak_increase_bytes": e[4],
+            "retained_bytes": e[5], "duration_ms": e[6] * 1000.0, "raised": e[7]}
+
+
+_perf_counter = time.perf_counter
+
+
+class ForwardState:
+    __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
+                 "on_error", "self_time_s", "listener", "_read", "_enter_t", "_exit_t")
+
+    def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
+                 baseline: int, on_error: Callable[[str, BaseException], None],
+                 record_events: bool) -> None:
+        self.paths = paths
+        self.root_key = root_key    # the module whose call opened this forward (the model's root,
+        self.root_path = root_path  # or a submodule called directly, e.g. an encoder in generate())
+        self.counter = counter
+        self.tracker = PeakTracker()
+        self.calls: list[LayerCall] = []
+        self.events: list[tuple] | None = [] if record_events else None
+        self.origin_s = origin_s
+        self.baseline = baseline
+        self.on_error = on_error
+        self.self_time_s = 0.0
+        self.listener: Any = None  # a deep capture's per-layer observer, when one runs
+        # bound once: these run on every module call of the forward
+        self._read = counter.read_and_reset
+        self._enter_t = self.tracker.enter
+        self._exit_t = self.tracker.exit
+
+    def begin(self, now_s: float) -> None:
+        self.counter.reset_peak()
+        self._enter(self.root_path, self.root_key, now_s)
+
+    def enter(self, module: Any) -> None:
+        key = id(module)
+        path = self.paths.get(key)
+        if path is None or key == self.root_key:
+            return  # an untracked module (beyond max_depth, excluded): its memory is its parent's
+        t = _perf_counter()
+        try:
+            self._enter(path, key, t)
+            if self.listener is not None:
+                self.listener.enter(path, module, t)
+        except Exception as e:  # never into the model
+            self.on_error("layer_enter", e)
+        self.self_time_s += _perf_counter() - t
+
+    def exit(self, module: Any, raised: bool = False) -> None:
+        key = id(module)
+        path = self.paths.get(key)
+        if path is None or key == self.root_key:
+            return
+        t = _perf_counter()
+        try:
+            self._exit(key, t, raised)
+            if self.listener is not None:
+                self.listener.exit(path, module, t)
+        except Exception as e:
+            self.on_error("layer_exit", e)
+        self.self_time_s += _perf_counter() - t
+
+    def finish(self, now_s: float, raised: bool) -> list[LayerCall]:
+        """Close the root frame (and any frame a failing hook left open); returns every call."""
+        self._exit(self.root_key, now_s, raised)
+        self.tracker.clear()
+        return self.calls
+
+    def _enter(self, path: str, key: int, t: float) -> None:
+        r = self._read()
+        self._enter_t(path, key, r, t)
+        if self.events is not None:
+            self.events.append((t - self.origin_s, "layer_enter", path, r[0] + self.baseline))
+
+    def _exit(self, key: int, t: float, raised: bool) -> None:
+        r = self._read()
+        closed = self._exit_t(key, r, t, raised)
+        self.calls += closed
+        if self.events is not None:
+            at = t - self.origin_s
+            level = r[0] + self.baseline
+            for c in closed:
+                self.events.append((at, "layer_exit", c[0], level, c[2] - c[1], c[3] - c[1], c[6], c[8]))

@@ -1,0 +1,727 @@
+"""``instrument(model)``: the torch adapter over the pure accounting in ``attribution/``.
+
+Always on: one forward pre-hook and one ``always_call`` forward hook on the root module (a few
+microseconds per forward). On forwards the scheduler picks, the root pre-hook also routes this
+thread's module calls to a ``ForwardState`` through process-wide hooks (``hooks.py``) and, on CPU,
+pushes the tensor ledger; the root post-hook undoes both and folds the calls into the stats.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
+from torch._dynamo.eval_frame import OptimizedModule as _OptimizedModule
+from torch._dynamo.eval_frame import skip_code as _skip_code
+from torch.compiler import is_compiling as _is_compiling
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from . import hooks
+from ..._log import rate_limited
+from ...reports.summary import format_summary, summary_dict
+from ...reports.timeline_export import write_timeline
+from ..scheduler import AttributionScheduler
+from ..selection import OTHER, select_layers
+from ..stats import LayerAccumulator, LayerMemoryStats
+from ..windows import WindowFigures, WindowedPeaks
+from ...config import Config, load_config
+from ...dumps.capture import Capture
+from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
+from .forward_state import ForwardState, event_dict
+from ...sources import registry
+from ...sources.glibc import HeapLevelCounter
+from ...sources.ledger import LedgerMode, TensorLedger
+from ...timeline import OperationRecord, Sample
+from .observers import ForwardObserver
+
+_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
+_LIVE: dict[str, "Instrumentation"] = {}
+_live_lock = threading.Lock()
+_CALL_IMPL_CODE = nn.Module._call_impl.__code__
+
+
+def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
+    return [], []
+
+
+def live_instrumentations() -> dict[str, "Instrumentation"]:
+    """Name -> handle of every model instrumented now (what exporters and the endpoint read)."""
+    with _live_lock:
+        return dict(_LIVE)
+
+
+class _ThreadLocal(threading.local):
+    open_key: int | None = None  # id of the module whose call opened this thread's forward
+    depth = 0                    # re-entries of that module (recursion), 1 when plain
+    start_s = 0.0
+    self_time_s = 0.0
+    state: ForwardState | None = None
+    mode: LedgerMode | None = None
+    capture: Capture | None = None
+    busy = False                 # inside our own hook code (a __del__ must not interleave)
+
+
+class Instrumentation:
+    """The handle ``instrument()`` returns. ``uninstrument()`` is idempotent."""
+
+    def __init__(self, model: nn.Module, name: str, config: Config) -> None:
+        self.name = name
+        self.config = config
+        self._model_ref = weakref.ref(model)
+        self._root_key = id(model)
+        acfg = config.attribution
+        # torch.compile(m) wraps m: layer paths are m's own (no "_orig_mod." prefix)
+        tree = model._orig_mod if isinstance(model, _OptimizedModule) else model
+        named = select_layers((p for p, _ in tree.named_modules()), max_depth=acfg.max_depth,
+                              include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
+        mods = dict(tree.named_modules())
+        self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
+        self._paths[id(model)] = ""
+        # label -> module id for the modules a forward may open on (ownership check of hooks)
+        self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
+        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
+        self._stats = LayerAccumulator()
+        self._windows = WindowedPeaks(acfg.window, time.perf_counter())
+        self._events: deque[tuple] = deque(maxlen=acfg.max_events)  # compact: see forward_state
+        self._events_lock = threading.Lock()
+        self.events_dropped = 0
+        self.hook_errors = 0
+        self.forward_errors = 0
+        self.interrupted_forwards = 0  # forwards a BaseException abandoned (also in forward_errors)
+        self.last_device = "cpu"
+        self._origin_s = time.perf_counter()
+        self._created_unix = time.time()
+        self._tls = _ThreadLocal()
+        self._closed = False
+        # forward observers (observers.py): how the layers above hear of forwards and completed
+        # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
+        self._observers: list[ForwardObserver] = []
+        # the process's samples and operations, for export_timeline (set by the composition root)
+        self.process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]] = _no_history
+        self._capture: Capture | None = None
+        self.last_capture: Capture | None = None
+        if acfg.enabled:
+            # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
+            # here, at setup, rather than inside the first attributed forward of a live server
+            import torch._dynamo  # noqa: F401
+        # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
+        self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
+        self._open_lock = threading.Lock()
+        self._wrapped: _CompiledCall | None = None  # our stand-in for an m.compile()d root's call
+        # the forward that opened while m.compile() replaced our hooks: closed when its args go
+        self._close_on_release: ForwardState | None = None
+        self._handles: list[Any] = []
+        self._attach(model)
+
+    # ---- public API ------------------------------------------------------------------------
+    @property
+    def model(self) -> nn.Module | None:
+        return self._model_ref()
+
+    def _attach(self, model: nn.Module) -> None:
+        if getattr(model, "_compiled_call_impl", None) is not None:
+            self._wrap_compiled_call(model)
+            return
+        handles = []
+        for path, mod in self._entry_points(model):
+            handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path)))
+            handles.append(mod.register_forward_hook(_RootHook(self, False, path), always_call=True))
+        self._handles = handles
+
+    def _entry_points(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """Modules whose call may open a forward: the root, and the submodules that serving code
+        calls directly (HF ``generate()`` runs ``model.get_encoder()(...)`` outside the root).
+
+        Those are the tracked children of the root and what ``get_encoder()``/``get_decoder()``
+        return. Their hooks cost ~1 us per call inside a root forward, so deeper modules are not
+        hooked; nothing inside an ``nn.TransformerEncoderLayer`` is (a local hook there turns off
+        its fused fast path).
+        """
+        points: dict[int, tuple[str, nn.Module]] = {id(model): ("", model)}
+        if isinstance(model, _OptimizedModule):
+            return list(points.values())  # its forwards are compiled: root-level figures only
+        candidates = [m for _, m in model.named_children()]
+        for getter in ("get_encoder", "get_decoder"):
+            fn = getattr(model, getter, None)
+            if callable(fn):
+                try:
+                    found = fn()
+                except Exception:  # a getter that does not apply to this model
+                    found = None
+                if isinstance(found, nn.Module):
+                    candidates.append(found)
+        fused = {id(sub) for m in model.modules() if isinstance(m, nn.TransformerEncoderLayer)
+                 for sub in m.modules()}
+        for m in candidates:
+            path = self._paths.get(id(m))
+            if isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+                continue  # containers are never called
+            if path not in (None, OTHER) and id(m) not in fused and id(m) not in points:
+                points[id(m)] = (path, m)
+        return list(points.values())
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        model = self._model_ref()
+        w, self._wrapped = self._wrapped, None
+        if w is not None and model is not None and model.__dict__.get("_compiled_call_impl") is w:
+            model._compiled_call_impl = w.inner
+
+    def _wrap_compiled_call(self, model: nn.Module) -> None:
+        """``m.compile()``d root: an eager wrapper around the compiled call, no local hook.
+
+        ``Module._wrapped_call_impl`` calls ``_compiled_call_impl`` when set; our wrapper there runs
+        outside the compiled region. A local hook would not do: on a torch.nn builtin (an
+        ``nn.Sequential``) any hook makes Dynamo compile a forward the user's compile left eager,
+        and so change its outputs.
+        """
+        w = _CompiledCall(self, model._compiled_call_impl)
+        model._compiled_call_impl = w
+        self._wrapped = w
+        self._handles = [w]
+
+    @property
+    def layer_count(self) -> int:
+        """Module paths tracked (after max_depth, include/exclude and the max_layers fold)."""
+        return len(self._paths)
+
+    @property
+    def paused(self) -> bool:
+        return not self._handles
+
+    def pause(self) -> None:
+        """Remove the root hooks (the model runs exactly as plain); stats and config are kept."""
+        self._detach()
+
+    def resume(self) -> None:
+        """Re-attach after ``pause()``; a no-op when running or uninstrumented."""
+        model = self._model_ref()
+        if not self._closed and not self._handles and model is not None:
+            self._attach(model)
+
+    def uninstrument(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._detach()
+        self._release_open_forwards()
+        model = self._model_ref()
+        if model is not None and _INSTRUMENTED.get(model) is self:
+            del _INSTRUMENTED[model]
+        with _live_lock:
+            if _LIVE.get(self.name) is self:
+                del _LIVE[self.name]
+
+    def __enter__(self) -> "Instrumentation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstrument()
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
+        return self.scheduler.state().attribution_seconds
+
+    def layer_stats(self) -> dict[str, LayerMemoryStats]:
+        return self._stats.snapshot()
+
+    def peak_memory_per_layer(self) -> dict[str, int]:
+        return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
+
+    def layer_forward_totals(self) -> dict[str, tuple[float, int]]:
+        """Path -> (seconds in attributed calls, calls): the forward-time summary's figures."""
+        return self._stats.forward_totals()
+
+    def exported_layer_peaks(self, now: float | None = None) -> dict[str, WindowFigures]:
+        """Per-layer figures over the last completed ``attribution.window`` (what exporters publish)."""
+        return self._windows.exported(time.perf_counter() if now is None else now)
+
+    def fragmentation_stats(self) -> dict[str, float]:
+        """Per-layer mean allocator fragmentation, for layers where it was measured (CUDA).
+
+        CPU attribution counts tensor storages, which have no heap layout: CPU layers are absent
+        here (the process-wide host heap figure is ``memprof_allocator_fragmentation_ratio``).
+        """
+        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
+                if v.avg_fragmentation is not None}
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._events_lock:
+            kept = list(self._events)
+        return [event_dict(e) for e in kept]
+
+    def summary_dict(self) -> dict[str, Any]:
+        return summary_dict(self)
+
+    def summary(self) -> str:
+        return format_summary(self)
+
+    def print_summary(self) -> None:
+        print(self.summary())
+
+    def export_timeline(self, path: str) -> None:
+        write_timeline(self, path)
+
+    def capture(self, forwards: int = 1) -> Capture:
+        """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
+        if self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
+        cap = Capture(self.name, forwards)
+        with _live_lock:
+            current = self._capture
+            if current is not None and not current.done:
+                raise CaptureBusy(f"a capture of {self.name!r} is running "
+                                  f"({current.completed}/{current.forwards} forwards)")
+            self._capture = cap
+            self.last_capture = cap
+        return cap
+
+    def export_speedscope(self, path: str) -> None:
+        """Write the last capture as a speedscope file."""
+        if self.last_capture is None or self.last_capture.completed == 0:
+            raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
+        self.last_capture.save(path)
+
+    def _capture_done(self, cap: Capture) -> None:
+        """Tell the observers a capture completed (the OTel recorder emits its spans)."""
+        for obs in self._observers:
+            try:
+                obs.capture_done(self, cap)
+            except Exception as e:
+                self._count_error("observer", e)
+
+    def reset_stats(self) -> None:
+        self._stats.clear()
+        self._windows.clear()
+        with self._events_lock:
+            self._events.clear()
+
+    # ---- hooks -----------------------------------------------------------------------------
+    def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False) -> Any:
+        if (under_dynamo and path == "" and getattr(module, "_compiled_call_impl", None) is not None
+                and not isinstance(module._compiled_call_impl, _CompiledCall) and not self._closed and self._owns(module, path)):
+            # m.compile() after instrument(): drop our local hooks before Dynamo looks at forward
+            # (hooks on a torch.nn builtin make it compile), wrap the compiled call for
+            # later forwards; this forward closes when _call_impl releases its args
+            self._detach()
+            self._wrap_compiled_call(module)
+            switching = True
+        else:
+            switching = False
+        key = id(module)
+        tls = self._tls
+        if tls.open_key is not None:
+            if key != tls.open_key and path:
+                return  # a hooked submodule inside this thread's open forward: the hot path
+            if self._still_running(tls.open_key, 1 if key == tls.open_key else 0):
+                if key == tls.open_key:
+                    tls.depth += 1  # the opener called recursively
+                return
+            # the open forward never closed: a BaseException (KeyboardInterrupt, CancelledError,
+            # SystemExit) skipped PyTorch's always_call hooks while it unwound
+            self._recover(tls)
+        if self._closed or not self._owns(module, path):
+            return
+        t = time.perf_counter()
+        tls.open_key = key
+        tls.depth = 1
+        tls.start_s = t
+        tls.state = None
+        tls.busy = True
+        try:
+            if hooks.active_sink() is None:
+                cap = self._capture
+                compiled = (under_dynamo or isinstance(module, _OptimizedModule)
+                            or getattr(module, "_compiled_call_impl", None) is not None)
+                if cap is not None and cap.claim():
+                    self._begin(module, path, t, cap, compiled)
+                elif self.scheduler.should_attribute():
+                    self._begin(module, path, t, None, compiled)
+        except Exception as e:
+            self._abort_attribution()
+            self._count_error("begin", e)
+        finally:
+            tls.busy = False
+        tls.self_time_s = time.perf_counter() - t
+        if switching and tls.state is not None:  # our post-hook is gone: close when args are released
+            self._close_on_release = tls.state
+            return _ForwardArgs(args, self, threading.get_ident(), tls.state)
+        if tls.state is None or under_dynamo or tls.mode is None:
+            return None
+        # An attributed forward changed this thread (dispatch mode, global hooks). PyTorch runs
+        # always_call hooks on Exception only: a KeyboardInterrupt, CancelledError or SystemExit
+        # skips our post-hook. ``_call_impl`` holds the args tuple until the call is over, so a
+        # tuple that tells us when it dies restores the thread as soon as the unwinding is done.
+        return _ForwardArgs(args, self, threading.get_ident(), tls.state)
+
+    def _on_post(self, module: nn.Module, output: Any) -> None:
+        tls = self._tls
+        if tls.open_key != id(module):
+            return  # not the opener (or hooks registered mid-forward: we never saw its pre-hook)
+        if tls.depth > 1:
+            tls.depth -= 1
+            return
+        t = time.perf_counter()
+        raised = output is None and sys.exc_info()[0] is not None
+        tls.busy = True
+        try:
+            self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
+        finally:
+            tls.busy = False
+
+    def _args_released(self, ident: int, state: ForwardState) -> None:
+        """The opener's call is over; if its forward is still open, a BaseException skipped the
+        post-hook: recover now (only on the owning thread, never inside our own hook code, where
+        the next forward's pre-hook or ``uninstrument()`` will do it instead)."""
+        tls = self._tls
+        if threading.get_ident() == ident and tls.state is state and not tls.busy:
+            tls.busy = True
+            try:
+                if self._close_on_release is state:
+                    self._close_on_release = None
+                    self._close(tls, time.perf_counter(), False, None)
+                    return
+                self._recover(tls)
+            finally:
+                tls.busy = False
+
+    def _owns(self, module: nn.Module, path: str) -> bool:
+        # a deep copy of the model carries our hook dicts: its modules are not ours to count
+        return (self._root_key if path == "" else self._path_keys.get(path)) == id(module)
+
+    def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
+        tls.open_key = None
+        tls.depth = 0
+        if raised:
+            self.forward_errors += 1
+        state = tls.state
+        self_time = tls.self_time_s
+        if state is not None:
+            try:
+                self._finish(state, t, raised)
+            except Exception as e:
+                self._count_error("finish", e)
+            finally:
+                self._abort_attribution()
+            self_time += state.self_time_s
+        cap, tls.capture = tls.capture, None
+        end = time.perf_counter()
+        if cap is not None:
+            cap.forward_finished(end)
+            if cap.done:
+                with _live_lock:
+                    if self._capture is cap:
+                        self._capture = None
+                if not cap.cancelled:
+                    self._capture_done(cap)  # never raises: errors are counted
+        self_time += end - t
+        self.scheduler.record(end - tls.start_s, state is not None, self_time)
+        for obs in self._observers:
+            try:
+                obs.forward_done(self, state, raised, exc)
+            except Exception as e:
+                self._count_error("observer", e)
+
+    @staticmethod
+    def _still_running(key: int, calls_now: int = 0) -> bool:
+        """Is the call of module ``key`` that opened the forward still on this thread's stack?
+
+        ``calls_now``: calls of that module on the stack that are not the opener (1 when asked
+        from inside a new call of the same module). Runs only when a forward looks open at a
+        point where none should be: recursion of the opener, or an abandoned forward.
+        """
+        f: Any = sys._getframe(1)
+        seen = 0
+        while f is not None:
+            if f.f_code is _CALL_IMPL_CODE and id(f.f_locals.get("self")) == key:
+                seen += 1
+                if seen > calls_now:
+                    return True
+            f = f.f_back
+        return False
+
+    def _recover(self, tls: _ThreadLocal) -> None:
+        """Close a forward a BaseException abandoned: counted as raised, like a module exception."""
+        self.interrupted_forwards += 1
+        try:
+            self._close(tls, time.perf_counter(), True, None)
+        except Exception as e:
+            self._count_error("recover", e)
+            tls.open_key, tls.depth, tls.state = None, 0, None
+
+    def _release_open_forwards(self) -> None:
+        """On uninstrument: close this thread's abandoned forward; neutralise other threads' ones."""
+        tls = self._tls
+        if tls.open_key is not None and not self._still_running(tls.open_key):
+            self._recover(tls)
+        with self._open_lock:
+            others = list(self._open.items())
+        for ident, (state, mode) in others:
+            if mode is not None:
+                mode.inert = True  # on another thread's mode stack: we cannot pop it from here
+                mode.ledger.close()
+            hooks.deactivate_thread(ident, state)
+
+    # ---- attribution -----------------------------------------------------------------------
+    def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None,
+               compiled: bool = False) -> None:
+        if cap is not None:
+            self._tls.capture = cap  # released in _root_post whatever happens next
+        if compiled:
+            self._begin_compiled(module, path, t)
+            return
+        device = _module_device(module)
+        self.last_device = str(device)
+        baseline = 0
+        mode = None
+        counter: Any
+        if device.type == "cuda":
+            counter = registry.cuda_allocator(device.index or 0)
+            if counter is None:
+                return
+            if cap is not None:  # the per-op view of a capture needs the ledger on CUDA too
+                mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
+                max_entries = self.config.dumps.cuda_history_max_entries
+                if cap.history is None and max_entries > 0:  # on for the capture window only
+                    cap.history = registry.cuda_history_recorder(device.index or 0, max_entries)
+                    if cap.history is not None:
+                        cap.history.start()
+        else:
+            counter = TensorLedger(device.type)
+            mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
+            host = registry.host_allocator()
+            if host is not None:
+                # the sampler's last heap reading: refreshing here ran mallinfo2 (a walk of every
+                # free chunk, 0.1-16 ms) inside forwards; the baseline is approximate either way
+                baseline = host.reading().allocated
+        state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
+                             self._count_error, record_events=self.config.attribution.max_events > 0)
+        if cap is not None:
+            state.listener = cap
+            if mode is not None:
+                mode.ledger.listener = cap.on_alloc
+            cap.forward_started(t)
+        for obs in self._observers:
+            obs.forward_begin(self, state)
+        tls = self._tls
+        tls.state = state
+        hooks.activate(state)
+        if mode is not None:
+            mode.__enter__()
+            tls.mode = mode
+        with self._open_lock:
+            self._open[threading.get_ident()] = (state, mode)
+        state.begin(t)
+
+    def _begin_compiled(self, module: nn.Module, path: str, t: float) -> None:
+        """A forward that runs compiled code: root-level figures only.
+
+        No global hooks (module hooks do not run inside a compiled region) and no ledger (inductor
+        allocates its buffers outside the dispatcher: a ledger would read 0). On CUDA the caching
+        allocator's counters see everything the compiled code allocates: peak and retained exact.
+        On CPU the host heap's in-use bytes are read at entry and exit: approximate.
+        """
+        device = _module_device(module)
+        self.last_device = str(device)
+        counter: Any = None
+        if device.type == "cuda":
+            counter = registry.cuda_allocator(device.index or 0)
+        else:
+            host = registry.host_allocator()
+            counter = HeapLevelCounter(host) if host is not None else None
+        if counter is None:
+            return
+        state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
+                             self._count_error, record_events=self.config.attribution.max_events > 0)
+        self._tls.state = state
+        state.begin(t)
+
+    def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
+        self._pop_mode()
+        calls = state.finish(t, raised)
+        self._stats.merge(calls, baseline=state.baseline)
+        self._windows.merge(calls, state.baseline, t)
+        if state.events:
+            with self._events_lock:
+                overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
+                if overflow > 0:
+                    self.events_dropped += overflow
+                self._events.extend(state.events)
+
+    def _pop_mode(self) -> None:
+        mode, self._tls.mode = self._tls.mode, None
+        if mode is None:
+            return
+        mode.ledger.close()
+        if _get_current_dispatch_mode() is mode:
+            mode.__exit__(None, None, None)
+        else:  # a mode pushed above ours was abandoned too: ours can only be made to pass through
+            mode.inert = True
+            rate_limited.warning("mode-order", "memprof_otel: another dispatch mode sits above ours "
+                                 "on this thread's stack; ours now passes every op through")
+
+    def _abort_attribution(self) -> None:
+        """Leave this thread as if no attribution had started (safe to call twice)."""
+        try:
+            self._pop_mode()
+        except Exception as e:
+            self._count_error("mode_exit", e)
+        if hooks.active_sink() is self._tls.state and self._tls.state is not None:
+            hooks.deactivate()
+        self._tls.state = None
+        with self._open_lock:
+            self._open.pop(threading.get_ident(), None)
+
+    def _count_error(self, where: str, e: BaseException) -> None:
+        self.hook_errors += 1
+        rate_limited.warning(f"hook:{where}", "memprof_otel: %s failed in %s hook: %r (counted; the "
+                             "model is unaffected)", self.name, where, e)
+
+
+class _RootHook:
+    """The root hooks as objects, so copying or pickling a model never copies the handle.
+
+    ``copy.deepcopy(model)`` copies the hook dicts: the copy keeps this same object, whose
+    identity check then ignores the copy's forwards. Pickling (``torch.save(model)``) stores an
+    inert hook instead of the handle and its locks.
+    """
+
+    __slots__ = ("h", "pre", "path")
+
+    def __init__(self, h: Instrumentation, pre: bool, path: str) -> None:
+        self.h = h
+        self.pre = pre
+        self.path = path
+
+    def __call__(self, module: nn.Module, args: Any, output: Any = None) -> Any:
+        if _is_compiling():
+            # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
+            # graph break, no changed output); the eager hooks around the region do the work
+            return
+        if _eval_frame_callback() is None:
+            return _hook_body(self, module, args, output, False)
+        # a top-level frame under a Dynamo context (Module._call_impl is a skipped frame, its
+        # hooks are not): run eagerly, untraced; __call__ itself is skip_code()d below
+        return _hook_body_untraced(self, module, args, output, True)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
+        return self
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_InertHook, ())
+
+
+def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, under_dynamo: bool) -> Any:
+    if hook.pre:
+        return hook.h._on_pre(module, hook.path, args, under_dynamo)
+    hook.h._on_post(module, output)
+    return None
+
+
+_hook_body_untraced = torch.compiler.disable(_hook_body)
+_skip_code(_RootHook.__call__.__code__)
+
+
+class _CompiledCall:
+    """Stands in for ``model._compiled_call_impl`` (set by ``m.compile()``): our pre/post around
+    the compiled call, run eagerly; ``uninstrument()`` puts the original back."""
+
+    def __init__(self, h: Instrumentation, inner: Any) -> None:
+        self.h = h
+        self.inner = inner
+
+    def remove(self) -> None:  # a handle, for _detach
+        pass
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return self.inner(*args, **kwargs)
+        model = self.h._model_ref()
+        self.h._on_pre(model, "", args, True)
+        ok = False
+        try:
+            out = self.inner(*args, **kwargs)
+            ok = True
+            return out
+        finally:
+            self.h._on_post(model, out if ok else None)
+
+
+class _ForwardArgs(tuple):
+    """The opener's positional args, unchanged, plus a note of whose forward they belong to.
+
+    Returned by the pre-hook of an attributed forward (PyTorch then passes it to ``forward`` as
+    ``*args``, so the model sees the same values). When ``_call_impl`` lets go of it, the call is
+    over: normally the post-hook has closed the forward already and ``__del__`` does nothing.
+    """
+
+    def __new__(cls, args: tuple[Any, ...], h: Instrumentation, ident: int, state: ForwardState) -> "_ForwardArgs":
+        self = super().__new__(cls, args)
+        self._owner = (h, ident, state)
+        return self
+
+    def __del__(self) -> None:
+        try:
+            h, ident, state = self._owner
+            h._args_released(ident, state)
+        except BaseException:  # noqa: BLE001 - nothing may escape a finalizer
+            pass
+
+    def __reduce__(self) -> Any:  # copies and pickles are plain tuples
+        return (tuple, (tuple(self),))
+
+
+class _InertHook:
+    """What an unpickled copy of an instrumented model carries: a hook that does nothing."""
+
+    def __call__(self, *args: Any) -> None:
+        return None
+
+
+def _module_device(module: nn.Module) -> torch.device:
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def attach(model: nn.Module, name: str | None = None, config: Any = None,
+           **overrides: Any) -> Instrumentation:
+    """Hook ``model`` and return its handle, not yet connected to any exporter: ``mp.instrument``
+    does this, then hands the handle to the process runtime. ``config`` None: defaults + env."""
+    if not isinstance(model, nn.Module):
+        raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(config, Config) and not overrides:
+        cfg = config
+    else:
+        cfg = load_config(config, **overrides)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
+    existing = _INSTRUMENTED.get(model)
+    if existing is not None and not existing._closed:
+        raise AlreadyInstrumented(f"this {type(model).__name__} is already instrumented as "
+                                  f"{existing.name!r}; call uninstrument() on that handle first")
+    with _live_lock:
+        if name is None:
+            base = type(model).__name__
+            name = next(n for n in (base if i == 0 else f"{base}-{i + 1}" for i in itertools.count())
+                        if n not in _LIVE)
+        elif name in _LIVE:
+            raise InstrumentationError(f"a model named {name!r} is already instrumented; names are "
+                                       "the 'model' label and must be unique per process")
+        if isinstance(model, nn.TransformerEncoderLayer):
+            rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
+                                 "loses its fused fast path to our root hook; instrument its parent")
+        h = Instrumentation(model, name, cfg)
+        _LIVE[name] = h
+    _INSTRUMENTED[model] = h
+    return h

@@ -1,0 +1,1 @@
+"""Dumps: deep capture of forwards, the speedscope builder, stored files, the OOM flight recorder."""

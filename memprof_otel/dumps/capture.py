@@ -1,0 +1,123 @@
+"""Deep capture: the next N forwards of a model, every allocation attributed to module path + op.
+
+``Instrumentation.capture(forwards=N)`` returns a ``Capture`` at once. The next N forwards are
+attributed whatever the scheduler says; on each of them the tensor ledger (also pushed on CUDA
+models, for the per-op view) reports every fresh storage to the capture with the op that made it,
+and the per-layer hooks report module entries and exits. Presentation is separate: ``speedscope()``
+turns what was recorded into a speedscope document through the pure builder.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from .._version import __version__
+from ..files import write_json_atomic
+from .speedscope import balanced_calls, build_speedscope
+
+
+class Capture:
+    def __init__(self, model_name: str, forwards: int, max_records: int = 2_000_000) -> None:
+        if isinstance(forwards, bool) or not isinstance(forwards, int) or not 1 <= forwards <= 1000:
+            raise ValueError(f"forwards must be an int in [1, 1000], got {forwards!r}")
+        self.model_name = model_name
+        self.forwards = forwards
+        self.max_records = max_records
+        self.completed = 0
+        self.dropped = 0
+        self.created_unix = time.time()
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._busy = False
+        self._stack: list[str] = []
+        self.allocations: list[tuple[tuple[str, ...], int]] = []
+        self.calls: list[tuple[str, str, float]] = []
+        self.cancelled = False
+        self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
+        self.cuda_snapshot: dict[str, Any] | None = None
+
+    # ---- what users call -------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the N forwards are captured; False if ``timeout`` passed first."""
+        return self._done.wait(timeout)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+        self._stop_history()
+        self._done.set()
+
+    def _stop_history(self) -> None:
+        history = self.history
+        if history is not None and self.cuda_snapshot is None:
+            self.cuda_snapshot = history.stop()
+
+    def speedscope(self) -> dict[str, Any]:
+        with self._lock:
+            allocations = list(self.allocations)
+            calls = balanced_calls(self.calls)
+        return build_speedscope(f"{self.model_name} ({self.completed} forward"
+                                f"{'s' if self.completed != 1 else ''})", allocations, calls,
+                                exporter=f"memprof-otel {__version__}")
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        write_json_atomic(self.speedscope(), path)
+
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(n for _, n in self.allocations)
+
+    # ---- what the instrumentation calls ----------------------------------------------------
+    def claim(self) -> bool:
+        """Take the next forward, unless another thread's forward is being captured or we are done."""
+        with self._lock:
+            if self._busy or self._done.is_set():
+                return False
+            self._busy = True
+            return True
+
+    def forward_started(self, t: float) -> None:
+        self._stack = [self.model_name]
+        self.calls.append(("O", self.model_name, t))
+
+    def forward_finished(self, t: float) -> None:
+        with self._lock:
+            while self._stack:
+                self.calls.append(("C", self._stack.pop(), t))
+            self.completed += 1
+            self._busy = False
+            finished = self.completed >= self.forwards
+        if finished:
+            self._stop_history()  # before done is set: a waiter sees the snapshot
+            self._done.set()
+
+    def on_alloc(self, func: Any, nbytes: int) -> None:
+        if len(self.allocations) >= self.max_records:
+            self.dropped += 1
+            return
+        self.allocations.append(((*self._stack, _op_name(func)), nbytes))
+
+    def enter(self, path: str, module: Any, t: float) -> None:
+        self._stack.append(path)
+        self.calls.append(("O", path, t))
+
+    def exit(self, path: str, module: Any, t: float) -> None:
+        if path in self._stack:
+            while self._stack:
+                top = self._stack.pop()
+                self.calls.append(("C", top, t))
+                if top == path:
+                    break
+
+
+def _op_name(func: Any) -> str:
+    try:
+        return f"{func.namespace}::{func._opname}" + ("" if func._overloadname == "default" else f".{func._overloadname}")
+    except AttributeError:
+        return str(func)

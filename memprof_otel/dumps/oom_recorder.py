@@ -1,0 +1,93 @@
+"""The OOM flight recorder: when a forward raises an out-of-memory error, keep what led to it.
+
+It counts the OOM, finds the failing layer (from the attribution stack when the forward was being
+attributed, else from the traceback's module frames), and stores a dump with the last samples, the
+open operations and the layer's stats. It never swallows or changes the exception: it observes the
+forward's end, and the error continues up the caller's stack as it was. It is a forward observer
+(``attribution/torch/observers.py``) that the composition root registers on every handle, and
+reads the process history and stores its dump through the functions it was built with.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Protocol
+
+from .._log import rate_limited
+from ..oom import is_oom
+from ..timeline import OperationRecord, Sample
+from .store import DumpInfo
+
+
+class ObservedModel(Protocol):
+    """An instrumentation handle as the recorder sees it (``Instrumentation`` is one)."""
+
+    name: str
+    last_device: str
+
+    @property
+    def model(self) -> Any: ...
+    def layer_stats(self) -> dict[str, Any]: ...
+
+LAST_SAMPLES = 30
+
+
+def failing_layer(h: ObservedModel, exc: BaseException) -> str | None:
+    """The innermost module of ``h``'s model on the exception's traceback, as a module path."""
+    model = h.model
+    if model is None:
+        return None
+    paths = {id(m): p for p, m in model.named_modules()}
+    found = None
+    tb: TracebackType | None = exc.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if owner is not None and id(owner) in paths:
+            found = paths[id(owner)]
+        tb = tb.tb_next
+    return found
+
+
+class OomRecorder:
+    """``samples()``: the sampler's recent samples; ``operations()``: the operation records;
+    ``count_oom(device)``: counts an OOM the device's allocator does not count itself;
+    ``store(doc, kind, model)``: stores the flight record (the dump service's ``store_json``)."""
+
+    def __init__(self, samples: Callable[[], list[Sample]], operations: Callable[[], list[OperationRecord]],
+                 count_oom: Callable[[str], None],
+                 store: Callable[[dict[str, Any], str, str], DumpInfo | None]) -> None:
+        self._samples = samples
+        self._operations = operations
+        self._count_oom = count_oom
+        self._store = store
+        self.records: list[dict[str, Any]] = []
+
+    def forward_begin(self, h: ObservedModel, state: Any) -> None:
+        return None
+
+    def forward_done(self, h: ObservedModel, state: Any, raised: bool, exc: BaseException | None) -> None:
+        if not raised or not is_oom(exc):
+            return
+        assert exc is not None
+        device = h.last_device
+        if not device.startswith("cuda"):  # CUDA's allocator counts its own OOMs (num_ooms)
+            self._count_oom(device)
+        layer = failing_layer(h, exc)
+        samples = self._samples()[-LAST_SAMPLES:]
+        doc = {
+            "kind": "oom", "model": h.name, "device": device, "time": time.time(),
+            "failing_layer": layer, "exception": f"{type(exc).__name__}: {exc}"[:2000],
+            "samples": [s.to_dict() for s in samples],
+            "open_operations": [r.to_dict() for r in self._operations() if r.open],
+            "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
+        }
+        info = self._store(doc, "oom", h.name)
+        doc["dump_id"] = info.id if info is not None else None
+        self.records.append(doc)
+        del self.records[:-20]
+        rate_limited.warning("oom", "memprof_otel: %s raised out-of-memory in layer %r on %s; flight "
+                             "record %s", h.name, layer, device, doc["dump_id"])
+
+    def capture_done(self, h: ObservedModel, cap: Any) -> None:
+        return None

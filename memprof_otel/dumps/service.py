@@ -1,0 +1,129 @@
+"""Dumps on demand: deep-capture a live model's next forwards and store a speedscope file.
+
+Used by ``POST /v1/dumps``, the watchdog's ``dump`` action and the OOM flight recorder. The
+capture itself lives in ``capture.py`` and the file format in ``speedscope.py``; this module only
+picks the model, waits under a deadline, stores the result with rotation and counts the outcome in
+``memprof_dumps_total{format,result}``. It knows models only through what the composition root
+hands it (the live handles, the dumps config, the counter), so it imports nothing above it.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from .._log import rate_limited
+from ..config import DumpsConfig
+from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, UnknownModel
+from .capture import Capture
+from .store import DumpInfo, DumpStore
+
+
+class Capturable(Protocol):
+    """An instrumented model as the dump service sees it (``Instrumentation`` is one)."""
+
+    name: str
+
+    def capture(self, forwards: int = 1) -> Capture: ...
+
+
+def pick_model(live: Mapping[str, Capturable], name: str | None) -> Capturable:
+    if name:
+        h = live.get(name)
+        if h is None:
+            known = ", ".join(sorted(live)) or "none"
+            raise UnknownModel(f"no instrumented model named {name!r} (instrumented: {known})")
+        return h
+    if not live:
+        raise UnknownModel("no model is instrumented in this process")
+    if len(live) > 1:
+        raise UnknownModel(f"several models are instrumented ({', '.join(sorted(live))}); pass model=NAME")
+    return next(iter(live.values()))
+
+
+class DumpService:
+    """``live``: name -> handle of the models instrumented now; ``config``: the dumps section in
+    force (None before the first start); ``count_dump(format, result)``: the dumps counter."""
+
+    def __init__(self, live: Callable[[], Mapping[str, Capturable]],
+                 config: Callable[[], DumpsConfig | None], count_dump: Callable[[str, str], None]) -> None:
+        self._live = live
+        self._config = config
+        self._count = count_dump
+        self._store: DumpStore | None = None
+        self._store_key: tuple[Any, ...] | None = None
+        self._lock = threading.Lock()
+        self.related: dict[str, DumpInfo] = {}  # speedscope dump id -> its CUDA history snapshot
+
+    @property
+    def store(self) -> DumpStore:
+        d = self._config() or DumpsConfig()
+        key = (d.dir, d.max_files, d.max_bytes, d.max_oom_files)
+        with self._lock:
+            if self._store is None or self._store_key != key:
+                store = DumpStore(d.dir, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files)
+                self._store, self._store_key = store, key
+            return self._store
+
+    def pick_model(self, name: str | None) -> Capturable:
+        return pick_model(self._live(), name)
+
+    def capture(self, model: str | None, forwards: int = 1, timeout: float = 30.0,
+                reason: str = "api") -> DumpInfo:
+        """Capture the next ``forwards`` forwards of ``model`` and store the speedscope file.
+        Raises UnknownModel, CaptureBusy, CaptureTimeout, ExportError (all counted)."""
+        h = self.pick_model(model)
+        try:
+            cap = h.capture(forwards)
+        except CaptureBusy:
+            self._count("speedscope", "busy")
+            raise
+        if not cap.wait(timeout):
+            cap.cancel()
+            self._count("speedscope", "timeout")
+            raise CaptureTimeout(f"no forward of {h.name!r} completed within {timeout:g} s "
+                                 f"({cap.completed}/{forwards} captured)")
+        return self.store_capture(h.name, cap, reason)
+
+    def store_capture(self, model: str, cap: Capture, reason: str) -> DumpInfo:
+        try:
+            doc = cap.speedscope()
+            doc.setdefault("name", f"{model} ({reason})")
+            info = self.store.save(doc, kind="speedscope", model=model)
+        except (ExportError, OSError, ValueError) as e:
+            self._count("speedscope", "error")
+            raise ExportError(f"could not store the dump: {e}") from e
+        self._count("speedscope", "ok")
+        if cap.cuda_snapshot is not None:  # memory_viz's data; `python -m pickle`-able after json.load
+            snap = self.store_json(cap.cuda_snapshot, kind="cuda_snapshot", model=model)
+            if snap is not None:
+                with self._lock:
+                    self.related[info.id] = snap
+                    while len(self.related) > 1000:
+                        self.related.pop(next(iter(self.related)))
+        return info
+
+    def store_json(self, doc: dict[str, Any], kind: str, model: str) -> DumpInfo | None:
+        """Store a non-speedscope dump (e.g. an OOM flight record); errors are counted, not raised."""
+        try:
+            info = self.store.save(doc, kind=kind, model=model)
+        except Exception as e:
+            self._count(kind, "error")
+            rate_limited.warning(f"dump:{kind}", "memprof_otel: could not store a %s dump: %r", kind, e)
+            return None
+        self._count(kind, "ok")
+        return info
+
+    def capture_all(self, reason: str, forwards: int = 1, timeout: float = 60.0) -> list[DumpInfo]:
+        """The watchdog's dump action: capture every live model (errors counted and logged)."""
+        out = []
+        live = sorted(self._live())
+        if not live:
+            self._count("speedscope", "no_model")
+            rate_limited.warning("dump-all", "memprof_otel: dump for %s skipped: no model is instrumented", reason)
+        for name in live:
+            try:
+                out.append(self.capture(name, forwards, timeout, reason))
+            except MemprofError as e:
+                rate_limited.warning("dump-all", "memprof_otel: dump of %s for %s failed: %s", name, reason, e)
+        return out

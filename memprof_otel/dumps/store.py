@@ -1,0 +1,245 @@
+"""Stored dumps: one JSON file each in a private folder, oldest removed past a count or size cap.
+
+OOM flight records (kind ``oom``, see ``PROTECTED_KINDS``) rotate apart from on-demand dumps, under
+their own count (``max_oom_files``): no number of on-demand dumps can evict the record of a crash.
+
+Files are named ``<id>.<kind>.json`` with ``id = YYYYmmddTHHMMSSZ-<model>-<8 hex>``. An id coming
+from a request is checked against a strict pattern and the file it names must resolve inside the
+folder, so no id can reach a path outside it. Other files in the folder are never listed, read or
+removed.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import DumpNotFound, ExportError, InvalidDumpId
+
+log = logging.getLogger(__name__)
+
+ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_-]{0,40}-[0-9a-f]{8}")
+KIND_RE = re.compile(r"[a-z0-9_]{1,32}")
+_FILE_RE = re.compile(rf"(?P<id>{ID_RE.pattern})\.(?P<kind>{KIND_RE.pattern})\.json")
+_MODEL_BAD = re.compile(r"[^A-Za-z0-9_-]")
+PROTECTED_KINDS = frozenset({"oom"})  # kept under their own quota, never rotated by other dumps
+
+
+@dataclass(frozen=True)
+class DumpInfo:
+    id: str
+    path: Path
+    size_bytes: int
+    created: float  # unix time (the file's mtime, set to the save time)
+    kind: str
+    model: str
+
+    def to_dict(self, base_url: str = "") -> dict[str, Any]:
+        """JSON form for ``GET /v1/dumps``; the local path is not disclosed."""
+        return {"id": self.id, "size_bytes": self.size_bytes, "created": self.created, "kind": self.kind,
+                "model": self.model, "url": f"{base_url}/v1/dumps/{self.id}"}
+
+
+def sanitize_model(model: str) -> str:
+    """The model name as it appears in an id: ``[A-Za-z0-9_-]`` only (others become ``_``), 40 chars."""
+    return _MODEL_BAD.sub("_", model)[:40]
+
+
+def make_id(now: float, model: str, token: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    return f"{stamp}-{sanitize_model(model)}-{token}"
+
+
+def _model_of(dump_id: str) -> str:
+    return dump_id[17:-9]  # between "YYYYmmddTHHMMSSZ-" and "-xxxxxxxx"
+
+
+class DumpStore:
+    """Dumps in ``dir`` (created 0o700 on the first save): on-demand dumps at most ``max_files`` /
+    ``max_bytes``, OOM records (``PROTECTED_KINDS``) at most ``max_oom_files``, each rotated alone.
+
+    Safe to share between threads of one process. ``clock`` and ``token`` are injectable for tests.
+    """
+
+    def __init__(self, dir: str | os.PathLike[str], max_files: int = 20, max_bytes: int = 512 << 20, *,
+                 max_oom_files: int = 5, clock: Callable[[], float] = time.time,
+                 token: Callable[[], str] = lambda: secrets.token_hex(4)) -> None:
+        if max_files < 1:
+            raise ValueError(f"max_files must be >= 1, got {max_files}")
+        if max_oom_files < 1:
+            raise ValueError(f"max_oom_files must be >= 1, got {max_oom_files}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.dir = Path(dir)
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self.max_oom_files = max_oom_files
+        self._clock = clock
+        self._token = token
+        self._lock = threading.Lock()
+
+    # ---- writing ----
+
+    def save(self, data: Mapping[str, Any] | bytes, *, kind: str = "speedscope", model: str = "") -> DumpInfo:
+        """Store ``data`` (a JSON-able mapping, or bytes already encoded) atomically, then rotate.
+
+        Raises ``ExportError`` when the folder or file cannot be written (nothing partial is left),
+        ``ValueError`` for a ``kind`` outside ``[a-z0-9_]{1,32}``.
+        """
+        if not isinstance(kind, str) or not KIND_RE.fullmatch(kind):
+            raise ValueError(f"dump kind must match [a-z0-9_]{{1,32}}, got {kind!r}")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            body = bytes(data)
+        elif isinstance(data, Mapping):
+            body = json.dumps(data, separators=(",", ":")).encode("utf-8")
+        else:
+            raise TypeError(f"dump data must be a mapping or bytes, got {type(data).__name__}")
+        with self._lock:
+            try:
+                os.makedirs(self.dir, mode=0o700, exist_ok=True)
+            except OSError as e:
+                raise ExportError(f"cannot create dump directory {self.dir}: {e.strerror or e}") from None
+            now = self._clock()
+            for _ in range(8):  # an id already taken (same second, model and token) is drawn again
+                dump_id = make_id(now, model, self._token())
+                target = self.dir / f"{dump_id}.{kind}.json"
+                if not ID_RE.fullmatch(dump_id):
+                    raise ValueError(f"token must be 8 lowercase hex digits, id was {dump_id!r}")
+                if not self._find(dump_id):
+                    break
+            else:
+                raise ExportError(f"cannot save dump in {self.dir}: no free id")
+            self._write(target, body, now)
+            info = DumpInfo(dump_id, target, len(body), now, kind, _model_of(dump_id))
+            self._rotate(keep=dump_id, protected=kind in PROTECTED_KINDS)
+            return info
+
+    def _write(self, target: Path, body: bytes, now: float) -> None:
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=self.dir)  # mode 0o600
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.utime(tmp, (now, now))
+            os.replace(tmp, target)
+        except OSError as e:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            raise ExportError(f"cannot save dump {target}: {e.strerror or e}") from None
+        try:  # make the rename durable; not possible everywhere, and the dump is complete anyway
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass
+
+    def _rotate(self, keep: str, protected: bool = False) -> None:
+        """Remove the oldest dumps of the pool ``keep`` belongs to (OOM records or on-demand dumps)
+        until that pool is within its caps; the other pool is never touched."""
+        pool = [i for i in self._scan() if (i.kind in PROTECTED_KINDS) == protected]
+        infos = sorted(pool, key=lambda i: (i.created, i.id))  # oldest first
+        max_files = self.max_oom_files if protected else self.max_files
+        max_bytes = self.max_bytes if not protected else sum(i.size_bytes for i in infos)  # count only
+        count, total = len(infos), sum(i.size_bytes for i in infos)
+        for old in infos:
+            if count <= max_files and total <= max_bytes:
+                return
+            if old.id == keep:
+                continue
+            try:
+                old.path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cannot remove old dump %s: %s", old.path, e.strerror or e)
+                continue
+            count, total = count - 1, total - old.size_bytes
+        if count == 1 and total > max_bytes:
+            log.warning("dump %s alone is %d bytes, over dumps.max_bytes=%d; kept anyway",
+                        keep, total, max_bytes)
+        elif count > max_files or total > max_bytes:
+            log.warning("dumps in %s still over their caps (%d files, %d bytes)", self.dir, count, total)
+
+    # ---- reading ----
+
+    def _scan(self) -> list[DumpInfo]:
+        out = []
+        try:
+            entries = list(os.scandir(self.dir))
+        except OSError:  # no folder yet (nothing saved) or unreadable: nothing to list
+            return out
+        for e in entries:
+            m = _FILE_RE.fullmatch(e.name)
+            if not m:
+                continue
+            try:
+                if not e.is_file(follow_symlinks=False):
+                    continue
+                st = e.stat(follow_symlinks=False)
+            except OSError:  # removed meanwhile
+                continue
+            out.append(DumpInfo(m["id"], Path(e.path), st.st_size, st.st_mtime, m["kind"], _model_of(m["id"])))
+        return out
+
+    def _find(self, dump_id: str) -> Path | None:
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return None
+        for name in sorted(names):
+            m = _FILE_RE.fullmatch(name)
+            if m and m["id"] == dump_id:
+                return self.dir / name
+        return None
+
+    def list(self) -> list[DumpInfo]:
+        """Stored dumps, newest first (regular files named like ours; anything else is ignored)."""
+        return sorted(self._scan(), key=lambda i: (i.created, i.id), reverse=True)
+
+    def path_for(self, dump_id: str) -> Path:
+        """The file of a dump. ``InvalidDumpId`` for a malformed id or one resolving outside the
+        folder (a symlink), ``DumpNotFound`` when there is no such dump."""
+        if not isinstance(dump_id, str) or not ID_RE.fullmatch(dump_id):
+            raise InvalidDumpId(f"not a dump id: {dump_id!r}")
+        found = self._find(dump_id)
+        if found is None:
+            raise DumpNotFound(f"no dump {dump_id}")
+        real_dir = self.dir.resolve()
+        real = found.resolve()
+        if real.parent != real_dir:
+            raise InvalidDumpId(f"dump {dump_id} resolves outside the dump directory")
+        if not real.is_file():
+            raise DumpNotFound(f"no dump {dump_id}")
+        return real
+
+    def read(self, dump_id: str) -> bytes:
+        """The dump's bytes; errors as ``path_for``, ``ExportError`` if it cannot be read."""
+        path = self.path_for(dump_id)
+        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+        try:
+            fd = os.open(path, flags)  # path is resolved: a symlink here was swapped in since the check
+        except FileNotFoundError:
+            raise DumpNotFound(f"no dump {dump_id}") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise InvalidDumpId(f"dump {dump_id} resolves outside the dump directory") from None
+            raise ExportError(f"cannot read dump {dump_id}: {e.strerror or e}") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()

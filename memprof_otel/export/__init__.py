@@ -1,0 +1,1 @@
+"""Exporters: the Prometheus collector and layer exposition, OpenTelemetry metrics and spans."""

@@ -1,0 +1,67 @@
+"""The forward observer that feeds OpenTelemetry: the layer-forward histogram from attributed
+forwards, and per-layer spans from a completed deep capture.
+
+Registered on every handle by the composition root. The exporter is looked up per event (a
+restart may replace it, or turn OpenTelemetry off). Nothing here raises into a forward: a failure
+to build the spans is counted in ``memprof_export_errors_total{exporter="capture_spans"}``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace as otel_trace
+
+from .._log import rate_limited
+from ..dumps.speedscope import balanced_calls
+from .otel import OtelExporter
+
+
+class OtelForwardObserver:
+    def __init__(self, exporter: Callable[[], OtelExporter | None],
+                 count_export_error: Callable[[str], None]) -> None:
+        self._exporter = exporter
+        self._count_error = count_export_error
+
+    def forward_begin(self, h: Any, state: Any) -> None:
+        return None
+
+    def forward_done(self, h: Any, state: Any, raised: bool, exc: BaseException | None) -> None:
+        if state is None:  # most forwards are not attributed: nothing to record
+            return
+        otel = self._exporter()
+        if otel is not None:
+            otel.record_layer_calls(h.name, h.last_device, state.calls)
+
+    def capture_done(self, h: Any, cap: Any) -> None:
+        otel = self._exporter()
+        if otel is None:
+            return
+        try:
+            emit_capture_spans(otel, h.name, cap)
+        except Exception as e:
+            self._count_error("capture_spans")
+            rate_limited.warning("capture-spans", "memprof_otel: capture spans failed: %r", e)
+
+
+def emit_capture_spans(otel: OtelExporter, model: str, cap: Any) -> None:
+    """Per-layer child spans of one ``memprof.capture`` span, at the captured times."""
+    calls = balanced_calls(cap.calls)
+    if not calls:
+        return
+    offset_ns = time.time_ns() - time.perf_counter_ns()
+    ns = lambda t: int(t * 1e9) + offset_ns  # noqa: E731
+    root = otel.tracer.start_span("memprof.capture", start_time=ns(calls[0][2]), attributes={
+        "memprof.model": model, "memprof.capture.forwards": cap.completed})
+    stack: list[Any] = [root]
+    for kind, frame, t in calls:
+        if kind == "O":
+            ctx = otel_trace.set_span_in_context(stack[-1])
+            stack.append(otel.tracer.start_span(f"layer {frame}", context=ctx, start_time=ns(t),
+                                                attributes={"memprof.layer": frame, "memprof.model": model}))
+        elif len(stack) > 1:
+            stack.pop().end(end_time=ns(t))
+    while len(stack) > 1:
+        stack.pop().end(end_time=ns(calls[-1][2]))
+    root.end(end_time=ns(calls[-1][2]))

@@ -1,0 +1,120 @@
+"""The Prometheus collector: renders the runtime's latest snapshot at scrape time.
+
+A scrape builds families from the ``series()`` it is given (the last sampler tick plus in-memory
+stats) and never reads a device, triggers a CUDA sync or starts a capture. Registered in a registry of our own,
+never the global one, so importing us changes nothing in an application's own /metrics.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator, Protocol
+
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily, Metric, SummaryMetricFamily)
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.samples import Exemplar
+
+from prometheus_client.exposition import choose_encoder
+
+from .._log import rate_limited
+from ..metric_names import BY_PROM, METRICS, MetricDef
+from ..telemetry.operation_stats import OperationStats
+from ..telemetry.series import LayerView, Series, layer_forward_series
+from .layer_exposition import LAYER_FAMILIES, render_layer_families
+
+
+class ScrapeSource(Protocol):
+    """What a scrape reads (the process runtime is one): layer views, the series, operation stats."""
+
+    op_stats: OperationStats
+
+    def layer_views(self) -> list[LayerView]: ...
+    def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
+               per_layer: bool = True) -> Series: ...
+    def count_export_error(self, exporter: str) -> None: ...
+
+
+class MemprofCollector(Collector):
+    """``layers=False`` leaves out the per-layer families: the endpoint writes those itself
+    (``layer_exposition``), much faster; a collector registered elsewhere keeps them."""
+
+    def __init__(self, rt: ScrapeSource, layers: bool = True) -> None:
+        self._rt = rt
+        self._layers = layers
+
+    def describe(self) -> list[Metric]:
+        return []  # families vary with what runs; skip describe-time collection
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self._rt
+        try:
+            views = rt.layer_views()  # one snapshot for the gauges and the summary (was taken twice)
+            series = rt.series(max_age_s=0.0, views=views, per_layer=self._layers)
+            ops = rt.op_stats.snapshot()
+        except Exception as e:  # a scrape never fails because of us
+            rt.count_export_error("prometheus")
+            rate_limited.warning("scrape", "memprof_otel: building the scrape failed: %r", e)
+            return
+        for d in METRICS:
+            if not self._layers and d.prom in LAYER_FAMILIES:
+                continue
+            if d.kind == "summary":
+                fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels))
+                for labels, seconds, calls in layer_forward_series(views):
+                    fam.add_metric([labels[k] for k in d.labels], count_value=calls, sum_value=seconds)
+                yield fam
+            elif d.kind == "histogram":
+                yield self._histogram(d, ops)
+            else:
+                yield _family(d, series.get(d.prom, ()))
+
+    @staticmethod
+    def _histogram(d: MetricDef, ops: dict[str, Any]) -> Metric:
+        fam = HistogramMetricFamily(d.prom, d.help, labels=list(d.labels))
+        for name, f in sorted(ops.items()):
+            h = f.duration if d.prom == "memprof_operation_duration_seconds" else f.peak
+            buckets = [(le, count, Exemplar({"trace_id": ex[0]}, ex[1], ex[2]) if ex else None)
+                       for le, count, ex in h.cumulative()]
+            fam.add_metric([name], buckets, sum_value=h.sum)
+        return fam
+
+
+def _family(d: MetricDef, rows: Any) -> Metric:
+    labels = list(d.labels)
+    if d.kind == "counter":
+        fam: Any = CounterMetricFamily(d.prom, d.help, labels=labels)
+    elif d.kind == "info":
+        fam = InfoMetricFamily(d.family, d.help, labels=[])
+        for lab, _ in rows:
+            fam.add_metric([], {k: str(lab.get(k, "")) for k in d.labels})
+        return fam
+    else:
+        fam = GaugeMetricFamily(d.prom, d.help, labels=labels)
+    for lab, value in rows:
+        fam.add_metric([str(lab.get(k, "")) for k in labels], value)
+    return fam
+
+
+def make_registry(rt: ScrapeSource, layers: bool = True) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(MemprofCollector(rt, layers))
+    return reg
+
+
+def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
+    prometheus_client's encoder, plus the per-layer families through the fast writer."""
+    encoder, content_type = choose_encoder(accept)
+    body = encoder(registry)
+    try:
+        layers = render_layer_families(rt.layer_views()).encode()
+    except Exception as e:  # a scrape never fails because of us: serve the rest
+        rt.count_export_error("prometheus")
+        rate_limited.warning("scrape-layers", "memprof_otel: rendering layer families failed: %r", e)
+        return body, content_type
+    eof = b"# EOF\n"
+    if body.endswith(eof):  # OpenMetrics: the terminator stays last
+        return body[: -len(eof)] + layers + eof, content_type
+    return body + layers, content_type
+
+
+__all__ = ["BY_PROM", "MemprofCollector", "make_registry"]

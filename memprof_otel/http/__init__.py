@@ -1,0 +1,1 @@
+"""The HTTP endpoint: transport-free routes, the threaded server and WSGI/ASGI adapters, OpenAPI."""

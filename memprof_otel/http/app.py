@@ -1,0 +1,447 @@
+"""The HTTP endpoint's routes as one transport-free function: ``Endpoint.handle(Request) -> Response``.
+
+The server (``http.server.serve``) and the WSGI/ASGI adapters only translate to and from these two
+types. Every error is JSON ``{"error", "detail"}`` with a 4xx code for bad input; an unexpected
+failure is a 500 with the exception's type, never a traceback.
+
+Requests from other origins are checked before any route runs (see ``host_allowed`` and
+``_guard_browser``): a ``Host`` that is not this endpoint's (DNS rebinding) is refused on every route,
+and PUT/POST need ``Content-Type: application/json`` and no foreign ``Origin``, so a web page can
+neither send a "simple" cross-origin request nor read an answer through a rebound name.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol
+from urllib.parse import parse_qs
+
+
+from .._log import rate_limited
+from .._version import __version__
+from ..config import MAX_RULES, Config, ConfigError, HttpConfig, parse_rule
+from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId,
+                     UnknownModel)
+from ..attribution.torch.instrumentation import live_instrumentations
+from ..dumps.service import DumpService
+from ..export.prometheus import ScrapeSource, make_registry, render_exposition
+from ..sources import registry
+from ..telemetry.operations import OperationTracker
+from ..telemetry.sampler import Sampler
+from ..telemetry.series import SelfView
+from ..watchdog.adapter import Watchdog
+from .guards import (JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT,
+                     host_allowed, is_loopback, make_cursor, media_type, parse_cursor, parse_integer, parse_number)
+from .openapi import openapi_document
+
+PUBLIC_ROUTES = ("/metrics", "/healthz")
+_ITEMS_PER_SLICE = 32      # items encoded between two yields of the interpreter (see _encode_slice)
+
+
+class EndpointServices(ScrapeSource, Protocol):
+    """What the routes read and drive (the process runtime is one; the composition root passes it)."""
+
+    config: Config | None
+    sampler: Sampler | None
+    tracker: OperationTracker
+    watchdog: Watchdog | None
+    dump_service: DumpService
+    started_unix: float
+    servers: list[Any]
+
+    def ensure_started(self, config: Config | None = None) -> Any: ...
+    def self_view(self) -> SelfView: ...
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    body: bytes = b""
+    client: str = ""
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+        self.headers = headers or {}
+
+
+def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(status, dumps(obj), JSON, headers or {})
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON. A NaN or infinity that reached a response (a source reading, say) is sent as
+    null: strict JSON has no such numbers, and a read route must not fail over one value."""
+    try:
+        return json.dumps(obj, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:
+        return json.dumps(_finite(obj), default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, Mapping):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple, set)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "to_dict"):
+        return _finite(o.to_dict())
+    return o
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def error_response(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response(status, {"error": error, "detail": detail}, headers)
+
+
+def _shown(v: str, limit: int = 40) -> str:
+    """``repr`` cut short, so an error never echoes a long hostile string back."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
+def _float_param(q: Mapping[str, list[str]], name: str, default: float | None, lo: float, hi: float) -> float | None:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    v = parse_number(raw[-1], lo, hi)
+    if v is None:
+        raise HttpError(400, "bad_parameter",
+                        f"{name} must be a finite number between {lo:g} and {hi:g}, got {_shown(raw[-1])}")
+    return v
+
+
+def _int_param(q: Mapping[str, list[str]], name: str, default: int, lo: int, hi: int) -> int:
+    raw = q.get(name)
+    if raw is None:
+        return default
+    v = parse_integer(raw[-1], lo, hi)
+    if v is None:
+        raise HttpError(400, "bad_parameter", f"{name} must be an integer between {lo} and {hi}, "
+                        f"got {_shown(raw[-1])}")
+    return v
+
+
+def _str_param(q: Mapping[str, list[str]], name: str) -> str | None:
+    raw = q.get(name)
+    if raw is None or raw[-1] == "":
+        return None
+    if len(raw[-1]) > MAX_NAME_CHARS:
+        raise HttpError(400, "bad_parameter", f"{name} must be at most {MAX_NAME_CHARS} characters")
+    return raw[-1]
+
+
+# ---- /v1/timeline pages ---------------------------------------------------------------------
+
+def _encode_slice(items: list[Any], limit: int, budget: int) -> list[bytes]:
+    """Items encoded one by one, up to ``limit`` items and ``budget`` bytes (at least one item, so
+    a page always moves forward). The interpreter is handed over between slices of items: one
+    large ``json.dumps`` would hold it for the whole document and stall the model's thread."""
+    out: list[bytes] = []
+    used = 0
+    for i, item in enumerate(items[:limit]):
+        if i and i % _ITEMS_PER_SLICE == 0:
+            time.sleep(0)
+        b = dumps(item.to_dict())
+        if out and used + len(b) > budget:
+            break
+        out.append(b)
+        used += len(b) + 1
+    return out
+
+
+def timeline_page(samples: list[Any], ops: list[Any], after: tuple[float, int], limit: int,
+                  max_bytes: int) -> bytes:
+    """One page of ``GET /v1/timeline``: samples and operations after the cursor ``after``, in order,
+    at most ``limit`` of each and about ``max_bytes`` of both; ``next`` is where the following page
+    starts (null when nothing is left), ``resume`` where to poll from later for newer entries."""
+    enc_samples = _encode_slice(samples, limit, max_bytes // 2)
+    used = sum(len(b) for b in enc_samples)
+    enc_ops = _encode_slice(ops, limit, max(max_bytes - used, 1))
+    last_t = samples[len(enc_samples) - 1].t if enc_samples else after[0]
+    last_id = ops[len(enc_ops) - 1].id if enc_ops else after[1]
+    resume = make_cursor(last_t, last_id)
+    more = len(enc_samples) < len(samples) or len(enc_ops) < len(ops)
+    return b"".join((b'{"samples":[', b",".join(enc_samples), b'],"operations":[', b",".join(enc_ops),
+                     b'],"next":', dumps(resume if more else None), b',"resume":', dumps(resume), b"}"))
+
+
+Handler = Callable[[Request, Mapping[str, list[str]], str], Response]
+
+
+class Endpoint:
+    """All routes. ``bind_host``: the address served on (None when mounted in another server: then
+    mutating routes without a token are allowed only to loopback clients)."""
+
+    def __init__(self, rt: EndpointServices, token: str | None = None, bind_host: str | None = None,
+                 max_body_bytes: int | None = None, base_url: str = "",
+                 allowed_hosts: tuple[str, ...] | None = None,
+                 allowed_origins: tuple[str, ...] | None = None) -> None:
+        self.rt = rt
+        cfg = self.rt.config
+        http = cfg.http if cfg is not None else HttpConfig()
+        self.token = token if token is not None else http.token
+        self.bind_host = bind_host
+        self.max_body_bytes = max_body_bytes if max_body_bytes is not None else http.max_body_bytes
+        self.allowed_hosts = tuple(allowed_hosts if allowed_hosts is not None else http.allowed_hosts)
+        self.allowed_origins = tuple(o.lower() for o in (allowed_origins if allowed_origins is not None
+                                                          else http.allowed_origins))
+        self.base_url = base_url
+        self.registry = make_registry(self.rt, layers=False)  # layer families: the fast writer
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
+            ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
+            ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
+            ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
+            ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
+            ("GET", "/openapi.json"): self.openapi,
+        }
+
+    # ---- dispatch --------------------------------------------------------------------------
+    def handle(self, req: Request) -> Response:
+        try:
+            resp = self._dispatch(req)
+        except HttpError as e:
+            resp = error_response(e.status, e.error, e.detail, e.headers)
+        except UnknownModel as e:
+            resp = error_response(404, "unknown_model", str(e))
+        except Exception as e:  # our bug, not the caller's input: a 500 without a traceback
+            rate_limited.warning("http-500", "memprof_otel: %s %s failed: %r", req.method, req.path[:200], e)
+            resp = error_response(500, "internal", f"{type(e).__name__} while serving {req.path[:200]}")
+        origin = req.headers.get("origin")
+        if origin is not None and origin.lower() in self.allowed_origins:  # CORS: only listed origins read
+            resp.headers.setdefault("Access-Control-Allow-Origin", origin)
+            resp.headers.setdefault("Vary", "Origin")
+        return resp
+
+    def _dispatch(self, req: Request) -> Response:
+        path = req.path.rstrip("/") or "/"
+        method = req.method.upper()
+        if method == "HEAD":
+            method = "GET"
+        arg = ""
+        handler: Handler | None = self._routes.get((method, path))
+        allowed = sorted(m for (m, p) in self._routes if p == path)
+        if path.startswith("/v1/dumps/"):  # any rest, even "../x" decoded from %2F: the id check rejects it
+            arg, allowed = path[len("/v1/dumps/"):], ["GET"]
+            handler = self.get_dump if method == "GET" else None
+        if handler is None:
+            if allowed and method == "OPTIONS" and "origin" in req.headers:
+                return self._preflight(req, allowed)
+            if allowed:
+                raise HttpError(405, "method_not_allowed", f"{method[:20]} is not allowed on {_shown(path)}",
+                                {"Allow": ", ".join(allowed)})
+            raise HttpError(404, "not_found", f"no route {_shown(path)}; see /openapi.json")
+        self._check_host(req)
+        mutating = method in ("PUT", "POST")
+        if mutating:
+            self._guard_browser(req)
+        if path not in PUBLIC_ROUTES:
+            self._authorize(req, mutating=mutating)
+        if len(req.body) > self.max_body_bytes:
+            raise HttpError(413, "body_too_large", f"request body over {self.max_body_bytes} bytes")
+        try:
+            q = parse_qs(req.query, keep_blank_values=True, strict_parsing=False, max_num_fields=50)
+        except ValueError as e:
+            raise HttpError(400, "bad_query", str(e)) from None
+        return handler(req, q, arg)
+
+    def _check_host(self, req: Request) -> None:
+        host = req.headers.get("host")
+        if not host_allowed(host, self.bind_host, self.allowed_hosts):
+            raise HttpError(403, "host_not_allowed", f"Host {_shown(host or '')} is not this endpoint's: use "
+                            "a loopback name or the bind address, or list the name in http.allowed_hosts")
+
+    def _guard_browser(self, req: Request) -> None:
+        """PUT/POST: no foreign Origin, and a JSON content type (a browser must then preflight,
+        which only listed origins pass)."""
+        origin = req.headers.get("origin")
+        if origin is not None and origin.lower() not in self.allowed_origins:
+            raise HttpError(403, "origin_not_allowed", f"requests from origin {_shown(origin)} are refused; "
+                            "list it in http.allowed_origins to allow it")
+        if media_type(req.headers.get("content-type", "")) != JSON:
+            raise HttpError(415, "unsupported_media_type", "PUT and POST need Content-Type: application/json",
+                            {"Accept": JSON})
+
+    def _preflight(self, req: Request, allowed: list[str]) -> Response:
+        """The answer to a browser's CORS preflight: 204 for a listed origin, 403 otherwise."""
+        self._check_host(req)
+        origin = req.headers["origin"]
+        if origin.lower() not in self.allowed_origins:
+            raise HttpError(403, "origin_not_allowed", f"requests from origin {_shown(origin)} are refused; "
+                            "list it in http.allowed_origins to allow it")
+        return Response(204, b"", JSON, {
+            "Access-Control-Allow-Methods": ", ".join(allowed),
+            "Access-Control-Allow-Headers": "Authorization, Content-Type", "Access-Control-Max-Age": "600"})
+
+    def _authorize(self, req: Request, mutating: bool) -> None:
+        if self.token:
+            auth = req.headers.get("authorization", "")
+            scheme, _, given = auth.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+                raise HttpError(401, "unauthorized", "missing or wrong bearer token",
+                                {"WWW-Authenticate": 'Bearer realm="memprof-otel"'})
+            return
+        if mutating:
+            local = is_loopback(self.bind_host) if self.bind_host is not None else is_loopback(req.client)
+            if not local:
+                raise HttpError(403, "forbidden", "mutating routes need http.token when the endpoint is "
+                                "reachable from other hosts")
+
+    # ---- routes ----------------------------------------------------------------------------
+    def metrics(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        body, content_type = render_exposition(self.rt, self.registry, req.headers.get("accept", ""))
+        return Response(200, body, content_type)
+
+    def healthz(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        s = self.rt.sampler
+        if s is None or not s.running:
+            reason = "the sampler is not running"
+            return json_response(503, {"status": "down", "reason": reason, "error": "sampler_down", "detail": reason})
+        age = time.time() - s.last_success_unix if s.last_success_unix else None
+        if age is not None and age > 5 * s.interval_s + 5:
+            reason = f"no successful sample for {age:.0f} s"
+            return json_response(503, {"status": "stale", "reason": reason, "error": "sampler_stale", "detail": reason})
+        return json_response(200, {"status": "ok"})
+
+    def status(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        models = []
+        for name, h in sorted(live_instrumentations().items()):
+            st = h.scheduler.state()
+            models.append({"name": name, "device": h.last_device, "layers": h.layer_count, "paused": h.paused,
+                           "forwards": st.forwards, "attributed_forwards": st.attributed,
+                           "overhead_seconds": st.attribution_seconds, "hook_errors": h.hook_errors,
+                           "forward_errors": h.forward_errors})
+        sampler = self.rt.sampler
+        health = sampler.health() if sampler is not None else {"running": False, "sources": {}}
+        sources = dict(health.get("sources", {}))
+        for name, reason in registry.down_reasons().items():
+            sources[name] = {"up": False, "errors": 0, "last_error": reason}
+        cfg = self.rt.config
+        return json_response(200, {
+            "version": __version__, "torch_version": self.rt.self_view().torch_version,
+            "models": models, "sources": sources, "sampler": {k: v for k, v in health.items() if k != "sources"},
+            "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix})
+
+    def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        name = _str_param(q, "model")
+        handles = [self.rt.dump_service.pick_model(name)] if name else list(live_instrumentations().values())
+        return json_response(200, {"models": {h.name: {
+            "device": h.last_device,
+            "layers": {k: v.to_dict() for k, v in sorted(h.layer_stats().items())},
+            "window": {k: f._asdict() for k, f in sorted(h.exported_layer_peaks().items())},
+        } for h in handles}})
+
+    def timeline(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        since = _float_param(q, "since", None, 0.0, 10 * 365 * 86400.0)
+        limit = _int_param(q, "limit", TIMELINE_DEFAULT_LIMIT, 1, TIMELINE_MAX_LIMIT)
+        raw_cursor = _str_param(q, "cursor")
+        after = parse_cursor(raw_cursor) if raw_cursor is not None else (0.0, 0)
+        if after is None:
+            raise HttpError(400, "bad_parameter", "cursor must be the `next` or `resume` value of an earlier "
+                            f"page, got {_shown(raw_cursor or '')}")
+        since_unix = None if since is None else time.time() - since
+        s = self.rt.sampler
+        samples = [x for x in (s.samples(since_unix) if s is not None else []) if x.t > after[0]]
+        ops = [r for r in self.rt.tracker.records(since_unix) if r.id > after[1]]
+        return Response(200, timeline_page(samples, ops, after, limit, TIMELINE_MAX_BYTES), JSON)
+
+    def alerts(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        wd = self.rt.watchdog
+        return json_response(200, {"alerts": wd.alerts() if wd is not None else []})
+
+    def get_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        wd = self.rt.watchdog
+        return json_response(200, {"rules": [r.to_dict() for r in (wd.rules if wd is not None else ())]})
+
+    def put_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        try:
+            doc = json.loads(req.body or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise HttpError(400, "bad_json", f"body is not JSON: {str(e)[:200]}") from None
+        except RecursionError:  # nested deeper than the parser goes
+            raise HttpError(400, "bad_json", "body is not JSON: nested too deep") from None
+        raw = doc.get("rules") if isinstance(doc, dict) else doc
+        if not isinstance(raw, list):
+            raise HttpError(400, "bad_rules", 'expected {"rules": [...]} or a JSON list of rules')
+        if len(raw) > MAX_RULES:
+            raise HttpError(400, "bad_rules", f"rules: at most {MAX_RULES} rules, got {len(raw)}")
+        try:
+            rules = [parse_rule(r, f"rules[{i}]") for i, r in enumerate(raw)]
+        except ConfigError as e:
+            raise HttpError(400, "bad_rule", str(e)) from None
+        names = [r.name for r in rules]
+        if len(set(names)) != len(names):
+            raise HttpError(400, "bad_rules", "rule names must be unique")
+        wd = self.rt.watchdog
+        if wd is None:
+            self.rt.ensure_started()
+            wd = self.rt.watchdog
+        wd.set_rules(rules)
+        return json_response(200, {"rules": [r.to_dict() for r in wd.rules]})
+
+    def post_dump(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        kind = q.get("kind", ["speedscope"])[-1]
+        if kind != "speedscope":
+            raise HttpError(400, "bad_parameter", f"kind must be speedscope, got {_shown(kind)}")
+        forwards = _int_param(q, "forwards", 1, 1, 1000)
+        timeout = _float_param(q, "timeout", 30.0, 0.01, 600.0)
+        model = _str_param(q, "model")
+        try:
+            info = self.rt.dump_service.capture(model, forwards, float(timeout or 30.0), reason="http")
+        except UnknownModel as e:
+            raise HttpError(404, "unknown_model", str(e)) from None
+        except CaptureBusy as e:
+            raise HttpError(409, "capture_in_progress", str(e)) from None
+        except CaptureTimeout as e:
+            raise HttpError(504, "no_forward_in_time", str(e)) from None
+        except InstrumentationError as e:
+            raise HttpError(409, "uninstrumented", str(e)) from None
+        except ExportError as e:
+            raise HttpError(507, "dump_not_stored", str(e)) from None
+        d = info.to_dict(self.base_url)
+        snapshot = self.rt.dump_service.related.get(info.id)
+        if snapshot is not None:  # CUDA: the allocator history of the same window
+            d["cuda_snapshot"] = snapshot.to_dict(self.base_url)
+        return json_response(201, d, {"Location": f"/v1/dumps/{info.id}"})
+
+    def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in self.rt.dump_service.store.list()]})
+
+    def get_dump(self, req: Request, q: Mapping[str, list[str]], dump_id: str) -> Response:
+        try:
+            body = self.rt.dump_service.store.read(dump_id)
+        except InvalidDumpId as e:
+            raise HttpError(400, "bad_dump_id", str(e)) from None
+        except DumpNotFound as e:
+            raise HttpError(404, "dump_not_found", str(e)) from None
+        return Response(200, body, JSON, {"Content-Disposition": f'attachment; filename="{dump_id}.json"'})
+
+    def openapi(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        return json_response(200, openapi_document())

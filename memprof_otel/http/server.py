@@ -1,0 +1,268 @@
+"""Transports for the endpoint: a small threaded server (``serve``) and WSGI / ASGI adapters.
+
+Bodies larger than the cap are refused from ``Content-Length`` before a byte is read. WSGI has no
+body without a length (wsgiref does not do chunked requests), so none is read then; the ASGI adapter
+reads a length-less body up to the cap plus one byte. The server binds 127.0.0.1 by default.
+
+Whatever arrives, the answer is the JSON error shape: requests the standard library refuses before
+our routes run (a garbage request line, a bad header line, HTTP/0.9, over-long lines) are answered
+by ``_JsonErrorHandler.send_error``, and a failure inside wsgiref by ``_JsonServerHandler``.
+"""
+from __future__ import annotations
+
+import asyncio
+import email.errors
+import socket
+import threading
+from http import HTTPStatus
+from socketserver import ThreadingMixIn
+from typing import Any, Callable, Iterable
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
+
+from ..errors import ConfigError, ServeError
+from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
+
+_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+            413: "Payload Too Large", 415: "Unsupported Media Type", 500: "Internal Server Error",
+            503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
+SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
+
+
+def _status_line(code: int) -> str:
+    return f"{code} {_REASONS.get(code, 'Status')}"
+
+
+def _too_large(limit: int) -> Response:
+    return error_response(413, "body_too_large", f"request body over {limit} bytes")
+
+
+def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> bytes | None:
+    """The body, or None when its Content-Length is over ``limit`` (nothing is read then)."""
+    if length:
+        try:
+            n = int(length)
+        except ValueError:
+            n = -1
+        if n < 0 or n > limit:
+            return None
+        return read(n) if n else b""
+    return b""
+
+
+def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
+    try:
+        body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
+    except OSError:  # the client stopped sending (socket timeout) or went away
+        return error_response(400, "body_incomplete", "the request body did not arrive in full")
+    if body is None:
+        return _too_large(endpoint.max_body_bytes)
+    headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+    if environ.get("CONTENT_TYPE"):
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    return endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"),
+                                   environ.get("QUERY_STRING", ""), headers, body, environ.get("REMOTE_ADDR", "")))
+
+
+def wsgi_app(rt: EndpointServices, token: str | None = None, *,
+             bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
+    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
+    endpoint = Endpoint(rt, token=token, bind_host=bind_host)
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        resp = _wsgi_response(endpoint, environ)
+        start_response(_status_line(resp.status), [("Content-Type", resp.content_type),
+                                                   ("Content-Length", str(len(resp.body))),
+                                                   *resp.headers.items()])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else resp.body]
+
+    app.endpoint = endpoint  # type: ignore[attr-defined]
+    return app
+
+
+def asgi_app(rt: EndpointServices, token: str | None = None, *,
+             bind_host: str | None = None) -> Callable[..., Any]:
+    """The endpoint as an ASGI application (mount it in FastAPI/Starlette: ``app.mount("/memprof", ...)``).
+    Handlers run in a worker thread: a dump waiting for forwards never blocks the event loop."""
+    endpoint = Endpoint(rt, token=token, bind_host=bind_host)
+
+    async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        limit = endpoint.max_body_bytes
+        resp: Response | None = None
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            resp = _too_large(limit)
+        body = bytearray()
+        if resp is None:
+            more = True
+            while more:
+                msg = await receive()
+                body += msg.get("body", b"")
+                more = msg.get("more_body", False)
+                if len(body) > limit:
+                    resp = _too_large(limit)
+                    break
+        if resp is None:
+            client = (scope.get("client") or ("", 0))[0]
+            path = scope.get("path", "/")
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):  # mounted under a prefix
+                path = path[len(root):] or "/"
+            req = Request(scope.get("method", "GET"), path, scope.get("query_string", b"").decode("latin-1"),
+                          headers, bytes(body), client)
+            resp = await asyncio.to_thread(endpoint.handle, req)
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": [(b"content-type", resp.content_type.encode()),
+                                (b"content-length", str(len(resp.body)).encode()),
+                                *((k.lower().encode(), v.encode()) for k, v in resp.headers.items())]})
+        await send({"type": "http.response.body", "body": b"" if scope.get("method") == "HEAD" else resp.body})
+
+    app.endpoint = endpoint  # type: ignore[attr-defined]
+    return app
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _V6Server(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+# a header line without a colon, a continuation line first (others, e.g. a multipart content type
+# without its body, are about the body, which the email parser never saw)
+_HEADER_DEFECTS = (email.errors.MissingHeaderBodySeparatorDefect, email.errors.FirstHeaderLineIsContinuationDefect,
+                   email.errors.InvalidHeaderDefect)
+
+
+class _JsonServerHandler(ServerHandler):
+    """wsgiref's per-request handler, with its last-resort 500 in our JSON shape."""
+    error_headers = [("Content-Type", "application/json")]
+    error_body = dumps({"error": "internal", "detail": "the server failed while answering"})
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """wsgiref's request handler, strict about the request and answering JSON to whatever it refuses."""
+    timeout = SOCKET_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # access logs are the application's business, not ours
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The JSON error shape instead of the standard library's HTML page."""
+        if self.request_version in ("", "HTTP/0.9") or not self.request_version.startswith("HTTP/1."):
+            self.request_version = "HTTP/1.0"  # else no status line nor headers would be written
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        error = phrase.lower().replace(" ", "_").replace("-", "_") or "error"
+        body = dumps({"error": error, "detail": (message or phrase)[:300]})
+        self.close_connection = True
+        self.send_response(code, phrase)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            if not self.raw_requestline.strip():  # an empty line: the stdlib closes without answering
+                self.send_error(400, "empty request line")
+            return False
+        if self.request_version == "HTTP/0.9":  # a bare "GET /path": no headers, no status line back
+            self.send_error(505, "HTTP/0.9 is not supported; use HTTP/1.0 or HTTP/1.1")
+            return False
+        if any(isinstance(d, _HEADER_DEFECTS) for d in self.headers.defects):
+            self.send_error(400, "malformed header line")
+            return False
+        return True
+
+    def handle(self) -> None:
+        """One request, as ``WSGIRequestHandler.handle`` with a JSON last-resort error handler."""
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+        except OSError:  # timed out or reset before a request line came
+            return
+        if len(self.raw_requestline) > 65536:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414, "request line over 65536 bytes")
+            return
+        if not self.parse_request():
+            return
+        handler = _JsonServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
+                                     multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined] # backpointer for logging
+        handler.run(self.server.get_app())
+
+
+class Server:
+    """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager)."""
+
+    def __init__(self, rt: EndpointServices, host: str, port: int, token: str | None) -> None:
+        rt.ensure_started()
+        self._rt = rt
+        self.host = host
+        app = wsgi_app(rt, token, bind_host=host)
+        server_cls = _V6Server if ":" in host else _ThreadingWSGIServer
+        try:
+            self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
+        except OSError as e:  # port taken, address not on this host, no permission for a low port
+            raise ServeError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
+        self.port = self._httpd.server_address[1]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.port}"
+        app.endpoint.base_url = ""  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name=f"memprof-http-{self.port}", daemon=True)
+        self._thread.start()
+        self._closed = False
+        rt.servers.append(self)
+
+    def close(self, timeout: float = 2.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout)
+        try:
+            self._rt.servers.remove(self)
+        except ValueError:
+            pass
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<memprof_otel.Server {self.url}>"
+
+
+def serve(rt: EndpointServices, host: str | None = None, port: int | None = None,
+          token: str | None = None) -> Server:
+    """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
+    cfg = rt.ensure_started().config
+    assert cfg is not None
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
+        raise ConfigError("http.port", f"must be an integer in 0..65535, got {port!r}")
+    if host is not None and (not isinstance(host, str) or not host):
+        raise ConfigError("http.host", f"must be a non-empty address, got {host!r}")
+    return Server(rt, cfg.http.host if host is None else host, cfg.http.port if port is None else port,
+                  cfg.http.token if token is None else token)

@@ -1,0 +1,1 @@
+"""Presentation over recorded data: the operations report, plots, summaries, timeline files."""

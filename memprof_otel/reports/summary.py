@@ -1,0 +1,69 @@
+"""Summary of one instrumentation: a dict for JSON and a text table for people."""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..units import format_bytes
+
+
+class SummarySubject(Protocol):
+    """What a summary reads from an instrumentation handle (``Instrumentation`` is one)."""
+
+    name: str
+    last_device: str
+    forward_errors: int
+    hook_errors: int
+    events_dropped: int
+    scheduler: Any  # .state() -> forwards, attributed, forward_seconds, attribution_seconds
+
+    def layer_stats(self) -> dict[str, Any]: ...
+
+
+def summary_dict(h: SummarySubject, top: int = 10) -> dict[str, Any]:
+    st = h.scheduler.state()
+    stats = h.layer_stats()
+    ranked = sorted((s for k, s in stats.items() if k != ""), key=lambda s: s.peak_increase, reverse=True)
+    root = stats.get("")
+    total_s = st.forward_seconds + st.attribution_seconds
+    return {
+        "model": h.name,
+        "device": h.last_device,
+        "method": "cuda caching allocator" if h.last_device.startswith("cuda") else "tensor ledger",
+        "forwards": st.forwards,
+        "attributed_forwards": st.attributed,
+        "forward_errors": h.forward_errors,
+        "overhead_seconds": st.attribution_seconds,
+        "overhead_ratio": st.attribution_seconds / total_s if total_s > 0 else 0.0,
+        "layers_tracked": len(stats),
+        "hook_errors": h.hook_errors,
+        "events_dropped": h.events_dropped,
+        "forward_peak_increase_bytes": root.peak_increase if root else 0,
+        "forward_peak_allocated_bytes": root.peak_allocated if root else 0,
+        "top_layers": [{"layer": s.layer_name, "peak_increase_bytes": s.peak_increase,
+                        "retained_bytes": s.retained, "calls": s.calls} for s in ranked[:top]],
+    }
+
+
+def format_summary(h: SummarySubject, top: int = 15) -> str:
+    d = summary_dict(h, top)
+    stats = h.layer_stats()
+    lines = [
+        f"memprof-otel summary: model {d['model']!r} on {d['device']} ({d['method']})",
+        f"  forwards: {d['forwards']} ({d['attributed_forwards']} attributed), "
+        f"overhead: {d['overhead_seconds'] * 1e3:.2f} ms ({d['overhead_ratio']:.3%})",
+        f"  forward peak: +{format_bytes(d['forward_peak_increase_bytes'])} "
+        f"(level {format_bytes(d['forward_peak_allocated_bytes'])})",
+    ]
+    if d["hook_errors"] or d["events_dropped"] or d["forward_errors"]:
+        lines.append(f"  hook errors: {d['hook_errors']}, events dropped: {d['events_dropped']}, "
+                     f"forwards that raised: {d['forward_errors']}")
+    rows = sorted((s for k, s in stats.items() if k != ""), key=lambda s: s.peak_increase, reverse=True)[:top]
+    if not rows:
+        lines.append("  no attributed layer yet (run a forward; see attribution.overhead_budget)")
+        return "\n".join(lines)
+    width = max(24, *(len(s.layer_name) for s in rows))
+    lines.append(f"  {'layer':<{width}} {'calls':>6} {'peak +':>11} {'retained':>11} {'ms/call':>9}")
+    for s in rows:
+        lines.append(f"  {s.layer_name:<{width}} {s.calls:>6} {format_bytes(s.peak_increase):>11} "
+                     f"{format_bytes(s.retained):>11} {s.duration_ms / max(1, s.calls):>9.3f}")
+    return "\n".join(lines)

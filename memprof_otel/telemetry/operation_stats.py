@@ -1,0 +1,98 @@
+"""Per-operation-name histograms (duration, memory peak) and last delta, for the exporters.
+
+The ``operation`` label is bounded: past ``max_names`` distinct names, new names fold into
+``__other__`` (a request id passed as a name must not explode the series count). Each bucket keeps
+its latest exemplar (trace id), which OpenMetrics exposition attaches to the bucket line.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..attribution.selection import OTHER
+from ..metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS
+from ..timeline import OperationRecord
+
+
+@dataclass
+class Histogram:
+    bounds: Sequence[float]
+    counts: list[int] = field(default_factory=list)    # per bucket, last one is +Inf
+    exemplars: list[tuple[str, float, float] | None] = field(default_factory=list)  # trace id, value, ts
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.bounds) + 1
+        self.counts = [0] * n
+        self.exemplars = [None] * n
+
+    def observe(self, value: float, trace_id: str | None = None, ts: float = 0.0) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+        if trace_id:
+            self.exemplars[i] = (trace_id, value, ts)
+
+    def cumulative(self) -> list[tuple[str, int, tuple[str, float, float] | None]]:
+        """(le, cumulative count, exemplar) as Prometheus buckets."""
+        out, acc = [], 0
+        for i, c in enumerate(self.counts):
+            acc += c
+            le = "+Inf" if i == len(self.bounds) else _fmt(self.bounds[i])
+            out.append((le, acc, self.exemplars[i]))
+        return out
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+@dataclass
+class OperationFigures:
+    duration: Histogram
+    peak: Histogram
+    last_delta: float = 0.0
+
+
+class OperationStats:
+    def __init__(self, max_names: int = 50) -> None:
+        self.max_names = max_names
+        self._by_name: dict[str, OperationFigures] = {}
+        self._lock = threading.Lock()
+
+    def record(self, rec: OperationRecord) -> str | None:
+        """Fold a finished operation in; returns the ``operation`` label it went under."""
+        if rec.end is None:
+            return None
+        with self._lock:
+            name = rec.name
+            if name not in self._by_name and len(self._by_name) >= self.max_names:
+                name = OTHER
+            f = self._by_name.get(name)
+            if f is None:
+                f = self._by_name[name] = OperationFigures(Histogram(DURATION_BUCKETS),
+                                                           Histogram(MEMORY_PEAK_BUCKETS))
+            f.duration.observe(rec.duration, rec.trace_id, rec.end)
+            f.peak.observe(float(rec.peak_bytes), rec.trace_id, rec.end)
+            f.last_delta = float(rec.delta_bytes)
+            return name
+
+    def snapshot(self) -> dict[str, OperationFigures]:
+        with self._lock:
+            # copies, so an exporter never reads a histogram mid-update
+            return {n: OperationFigures(_copy(f.duration), _copy(f.peak), f.last_delta)
+                    for n, f in self._by_name.items()}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_name.clear()
+
+
+def _copy(h: Histogram) -> Histogram:
+    c = Histogram(h.bounds)
+    c.counts, c.exemplars, c.sum, c.count = list(h.counts), list(h.exemplars), h.sum, h.count
+    return c

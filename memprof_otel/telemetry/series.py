@@ -1,0 +1,127 @@
+"""The latest figures as labelled series, keyed by Prometheus name: the one data path that the
+Prometheus collector, the OTel callbacks and the watchdog all read.
+
+Pure over its inputs (a ``Sample``, sampler health, instrumentation views, counters); never reads
+a device, so building it at scrape time cannot trigger a CUDA sync.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ..attribution.selection import OTHER
+from ..timeline import Sample
+
+Labels = dict[str, str]
+Series = dict[str, list[tuple[Labels, float]]]
+
+# allocator figure key (cuda_stats / glibc) -> metric name
+_ALLOCATOR = {
+    "allocated_bytes": "memprof_allocator_allocated_bytes",
+    "reserved_bytes": "memprof_allocator_reserved_bytes",
+    "active_bytes": "memprof_allocator_active_bytes",
+    "inactive_split_bytes": "memprof_allocator_inactive_split_bytes",
+    "allocated_peak_bytes": "memprof_allocator_allocated_peak_bytes",
+    "reserved_peak_bytes": "memprof_allocator_reserved_peak_bytes",
+    "fragmentation_ratio": "memprof_allocator_fragmentation_ratio",
+    "cache_free_ratio": "memprof_allocator_cache_free_ratio",
+    "alloc_retries": "memprof_allocator_alloc_retries_total",
+    "ooms": "memprof_allocator_ooms_total",
+}
+_PROCESS = {
+    "resident_memory_bytes": "memprof_process_resident_memory_bytes",
+    "virtual_memory_bytes": "memprof_process_virtual_memory_bytes",
+    "peak_resident_memory_bytes": "memprof_process_peak_resident_memory_bytes",
+    "memory_limit_bytes": "memprof_process_memory_limit_bytes",
+    "children_resident_memory_bytes": "memprof_process_children_resident_memory_bytes",
+    "cpu_utilization_ratio": "memprof_process_cpu_utilization_ratio",
+    "io_read_bytes": "memprof_process_io_read_bytes_total",
+    "io_write_bytes": "memprof_process_io_write_bytes_total",
+}
+
+
+@dataclass
+class LayerView:
+    """What series needs from one instrumented model (read through ``Instrumentation``)."""
+    model: str
+    device: str
+    peaks: Mapping[str, Any]                  # path -> WindowFigures
+    forward: Mapping[str, tuple[float, int]]  # path -> (seconds total, calls)
+    overhead_seconds: float
+    events_dropped: int
+
+
+@dataclass
+class SelfView:
+    sources_up: Mapping[str, bool] = field(default_factory=dict)
+    sampler_errors: Mapping[str, int] = field(default_factory=dict)
+    sampler_duration_s: float | None = None
+    sampler_last_success: float | None = None
+    export_errors: Mapping[str, int] = field(default_factory=dict)
+    dumps: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    extra_ooms: Mapping[str, int] = field(default_factory=dict)  # device -> OOMs seen in forwards
+    version: str = ""
+    torch_version: str = ""
+
+
+def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView,
+                 per_layer: bool = True) -> Series:
+    """``per_layer=False`` leaves out the per-layer gauges (the scrape writes those itself)."""
+    out: Series = {}
+
+    def add(name: str, labels: Labels, value: float) -> None:
+        out.setdefault(name, []).append((labels, float(value)))
+
+    if sample is not None:
+        for key, name in _PROCESS.items():
+            if key in sample.process:
+                add(name, {}, sample.process[key])
+        for device, figures in sorted(sample.allocators.items()):
+            for key, name in _ALLOCATOR.items():
+                if key in figures:
+                    v = figures[key] + (me.extra_ooms.get(device, 0) if key == "ooms" else 0)
+                    add(name, {"device": device}, v)
+        for g in sample.gpus:
+            lab = {"gpu": str(g.index), "gpu_uuid": g.uuid}
+            add("memprof_gpu_memory_used_bytes", lab, g.used_bytes)
+            add("memprof_gpu_memory_total_bytes", lab, g.total_bytes)
+            if g.process_used_bytes is not None:
+                add("memprof_gpu_process_memory_used_bytes", lab, g.process_used_bytes)
+            add("memprof_gpu_info", {**lab, "gpu_model": g.model, "driver_version": g.driver_version}, 1)
+    for devices_oom in me.extra_ooms.items():  # OOMs on a device the sampler has no figures for
+        device, n = devices_oom
+        if sample is None or device not in sample.allocators:
+            add("memprof_allocator_ooms_total", {"device": device}, n)
+    for v in layers:
+        for path, f in sorted(v.peaks.items()) if per_layer else ():
+            lab = {"model": v.model, "layer": path, "device": v.device}
+            add("memprof_layer_peak_increase_bytes", lab, f.peak_increase)
+            add("memprof_layer_peak_allocated_bytes", lab, f.peak_allocated)
+            add("memprof_layer_retained_bytes", lab, f.retained)
+            if f.fragmentation is not None:  # measured on CUDA only: absent, never a fake 0
+                add("memprof_layer_fragmentation_ratio", lab, f.fragmentation)
+        add("memprof_overhead_seconds_total", {"model": v.model}, v.overhead_seconds)
+        add("memprof_events_dropped_total", {"model": v.model}, v.events_dropped)
+    for name, up in sorted(me.sources_up.items()):
+        add("memprof_source_up", {"source": name}, 1 if up else 0)
+    for name, n in sorted(me.sampler_errors.items()):
+        add("memprof_sampler_errors_total", {"source": name}, n)
+    if me.sampler_duration_s is not None:
+        add("memprof_sampler_duration_seconds", {}, me.sampler_duration_s)
+    if me.sampler_last_success:
+        add("memprof_sampler_last_success_timestamp_seconds", {}, me.sampler_last_success)
+    for name, n in sorted(me.export_errors.items()):
+        add("memprof_export_errors_total", {"exporter": name}, n)
+    for (fmt, result), n in sorted(me.dumps.items()):
+        add("memprof_dumps_total", {"format": fmt, "result": result}, n)
+    add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)
+    return out
+
+
+def layer_forward_series(layers: Iterable[LayerView]) -> list[tuple[Labels, float, int]]:
+    """(labels, seconds total, calls) for the memprof_layer_forward_seconds summary."""
+    return [({"model": v.model, "layer": path, "device": v.device}, s, n)
+            for v in layers for path, (s, n) in sorted(v.forward.items())]
+
+
+__all__ = ["LayerView", "OTHER", "SelfView", "Series", "build_series", "layer_forward_series"]

@@ -1,0 +1,125 @@
+"""The watchdog adapter: evaluates the pure ``AlertEngine`` on every sampler tick and runs actions.
+
+Actions on an alert starting to fire: ``log`` (a warning), ``span_event`` (an OTel event),
+``callback`` (functions registered with ``add_alert_callback``), ``dump`` (a deep capture of the
+next forward of every live model, rate-limited by ``watchdog.dump_min_interval``, run off the
+sampler thread). By default nothing here changes the process: no ``empty_cache``, no ``gc``.
+What it reads and does outside itself (the series, the OTel event, the dump, the callbacks) it is
+handed by the composition root.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from .._log import rate_limited
+from ..config import WatchdogConfig, WatchdogRule
+from ..telemetry.series import Labels, Series
+from ..timeline import Sample
+from .engine import FIRING, RESOLVED, AlertEngine, Transition
+
+log = logging.getLogger("memprof_otel.watchdog")
+AlertCallback = Callable[[dict[str, Any]], None]
+
+
+class Watchdog:
+    """``series()``: the figures a scrape shows, fresh; ``span_event(name, attributes)``: an OTel
+    event (no-op without OTel); ``dump_all(reason)``: capture every live model; ``count_dump(format,
+    result)``: the dumps counter; ``callbacks``: the user's alert callbacks (a live list)."""
+
+    def __init__(self, cfg: WatchdogConfig, *, series: Callable[[], Series],
+                 span_event: Callable[[str, dict[str, Any]], None], dump_all: Callable[[str], Any],
+                 count_dump: Callable[[str, str], None], callbacks: list[AlertCallback]) -> None:
+        self._series = series
+        self._span_event = span_event
+        self._dump_all = dump_all
+        self._count_dump = count_dump
+        self._callbacks = callbacks
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        self.engine = AlertEngine(cfg.rules)
+        self._last_dump = float("-inf")
+        self.action_errors = 0
+        self.dump_threads: list[threading.Thread] = []
+
+    # ---- rules -----------------------------------------------------------------------------
+    @property
+    def rules(self) -> tuple[WatchdogRule, ...]:
+        with self._lock:
+            return self.engine.rules
+
+    def set_rules(self, rules: Iterable[WatchdogRule]) -> None:
+        with self._lock:
+            self.engine.set_rules(rules)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.engine.alerts()
+
+    # ---- evaluation ------------------------------------------------------------------------
+    def on_sample(self, sample: Sample) -> None:
+        if not self.engine.rules:
+            return
+        values = self._series()
+        with self._lock:
+            transitions = self.engine.evaluate(values, sample.t)
+        for tr in transitions:
+            if tr.new in (FIRING, RESOLVED):
+                self._act(tr)
+
+    def _act(self, tr: Transition) -> None:
+        r = tr.rule
+        alert = {"rule": r.name, "severity": r.severity, "state": tr.new, "metric": r.metric, "op": r.op,
+                 "threshold": r.threshold, "value": tr.value, "labels": tr.labels, "at": tr.at}
+        if tr.new == RESOLVED:
+            if "log" in r.actions:
+                log.info("memprof_otel: alert %s resolved (%s = %s)", r.name, r.metric, tr.value)
+            return
+        for action in r.actions:
+            try:
+                if action == "log":
+                    level = logging.ERROR if r.severity == "critical" else logging.WARNING
+                    log.log(level, "memprof_otel: alert %s firing: %s%s %s %s (value %s)", r.name, r.metric,
+                            tr.labels or "", r.op, r.threshold, tr.value)
+                elif action == "span_event":
+                    self._span_event("memprof.alert", {
+                        "memprof.alert.rule": r.name, "memprof.alert.severity": r.severity,
+                        "memprof.alert.metric": r.metric, "memprof.alert.value": tr.value,
+                        "memprof.alert.threshold": r.threshold})
+                elif action == "callback":
+                    for fn in list(self._callbacks):
+                        fn(dict(alert))
+                elif action == "dump":
+                    self._dump(r)
+            except Exception as e:  # an action failing must not stop the others or the sampler
+                self.action_errors += 1
+                rate_limited.warning(f"alert-action:{action}", "memprof_otel: alert action %s failed: %r",
+                                     action, e)
+
+    def _dump(self, rule: WatchdogRule) -> None:
+        now = time.monotonic()
+        if now - self._last_dump < self.cfg.dump_min_interval:
+            self._count_dump("speedscope", "rate_limited")
+            return
+        self._last_dump = now
+        t = threading.Thread(target=self._dump_all, args=(f"alert:{rule.name}",), name="memprof-alert-dump",
+                             daemon=True)
+        self.dump_threads.append(t)
+        t.start()
+
+    # ---- metrics ---------------------------------------------------------------------------
+    def series(self) -> dict[str, list[tuple[Labels, float]]]:
+        with self._lock:
+            rules = self.engine.rules
+            fired = self.engine.fired_total()
+            active = {r.name: self.engine.active_count(r.name) for r in rules}
+        out: dict[str, list[tuple[Labels, float]]] = {
+            "memprof_alert_active": [], "memprof_watchdog_alerts_total": [], "memprof_watchdog_threshold": []}
+        for r in rules:
+            lab = {"rule": r.name, "severity": r.severity}
+            out["memprof_alert_active"].append((lab, 1.0 if active[r.name] else 0.0))
+            out["memprof_watchdog_alerts_total"].append((lab, float(fired.get((r.name, r.severity), 0))))
+            out["memprof_watchdog_threshold"].append((lab, r.threshold))
+        return out
