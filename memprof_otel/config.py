@@ -6,7 +6,9 @@ Every value passes through a parser named in the field's metadata, so a bad valu
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
+import math
 import os
 import re
 import tempfile
@@ -57,15 +59,20 @@ def _float(lo: float, hi: float) -> Callable[[Any], float]:
             x = float(v)
         except (TypeError, ValueError):
             raise ValueError(f"expected a number, got {v!r}") from None
-        if not lo <= x <= hi:
-            raise ValueError(f"must be in [{lo}, {hi}], got {x}")
+        if not math.isfinite(x) or not lo <= x <= hi:
+            raise ValueError(f"must be a finite number in [{lo}, {hi}], got {v!r}")
         return x
     return parse
 
 
 def _duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
     def parse(v: Any) -> float:
-        x = parse_duration(v)
+        try:
+            x = parse_duration(v)
+        except OverflowError:  # an integer with hundreds of digits
+            raise ValueError(f"must be a finite duration, got {_shown(v)}") from None
+        if not math.isfinite(x):  # "1e999s" parses to inf: no timer can wait that long
+            raise ValueError(f"must be a finite duration, got {v!r}")
         if not lo <= x <= hi:
             raise ValueError(f"must be between {lo}s and {hi}s, got {x}s")
         return x
@@ -73,7 +80,12 @@ def _duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
 
 
 def _size(v: Any) -> int:
-    return parse_bytes(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"must be a finite size, got {v!r}")
+    try:
+        return parse_bytes(v)
+    except OverflowError:  # "1e999" and the like: a float too large to be a byte count
+        raise ValueError(f"must be a finite size, got {v!r}") from None
 
 
 def _str(optional: bool = False, choices: tuple[str, ...] | None = None) -> Callable[[Any], Any]:
@@ -98,6 +110,46 @@ def _globs(v: Any) -> tuple[str, ...]:
     return tuple(v)
 
 
+_HOST_NAME_RE = re.compile(r"^(\*|[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?\.?)$")
+_ORIGIN_RE = re.compile(r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]{1,253})(:[0-9]{1,5})?$")
+
+
+def _str_list(v: Any) -> list[str]:
+    """A YAML list, or a comma-separated string (what an environment variable holds)."""
+    if isinstance(v, str):
+        v = [p for p in (s.strip() for s in v.split(",")) if p]
+    if not isinstance(v, (list, tuple)) or not all(isinstance(p, str) for p in v):
+        raise ValueError(f"expected a list of strings, got {v!r}")
+    return list(v)
+
+
+def _hosts(v: Any) -> tuple[str, ...]:
+    """Host names (or IP addresses) the endpoint answers to, besides loopback and its bind address;
+    ``*`` turns the Host check off. Lower-cased: DNS names are case-insensitive."""
+    out = []
+    for name in _str_list(v):
+        bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+        try:
+            out.append(str(ipaddress.ip_address(bare)))
+            continue
+        except ValueError:
+            pass
+        if not _HOST_NAME_RE.match(name):
+            raise ValueError(f"not a host name or IP address (no scheme, no port): {name!r}")
+        out.append(name.lower().rstrip("."))
+    return tuple(out)
+
+
+def _origins(v: Any) -> tuple[str, ...]:
+    """Origins (``scheme://host[:port]``, as browsers send them) allowed to call PUT/POST."""
+    out = []
+    for origin in _str_list(v):
+        if not _ORIGIN_RE.match(origin):
+            raise ValueError(f"not an origin like https://tool.example:8080 (no path, no '*'): {origin!r}")
+        out.append(origin.lower())
+    return tuple(out)
+
+
 def _f(default: Any, parse: Callable[[Any], Any], doc: str) -> Any:
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples for defaults")
@@ -109,8 +161,18 @@ def _f(default: Any, parse: Callable[[Any], Any], doc: str) -> Any:
 RULE_OPS = (">", ">=", "<", "<=")
 RULE_ACTIONS = ("log", "span_event", "callback", "dump")
 RULE_SEVERITIES = ("info", "warning", "critical")
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
-_METRIC_RE = re.compile(r"^memprof_[a-z0-9_]+$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+_METRIC_RE = re.compile(r"memprof_[a-z0-9_]{1,200}")
+_LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_RULES = 256
+MAX_RULE_LABELS = 32
+MAX_LABEL_VALUE_CHARS = 1024
+
+
+def _shown(v: Any, limit: int = 80) -> str:
+    """``repr(v)`` cut short: an error message never echoes a megabyte of someone's input."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
 
 
 @dataclass(frozen=True)
@@ -130,25 +192,36 @@ class WatchdogRule:
                 "labels": dict(self.labels)}
 
 
+MAX_THRESHOLD_CHARS = 64
+
+
 def parse_threshold(v: Any) -> float:
+    """A finite number: a NaN or infinite threshold never compares usefully and cannot be
+    written back as JSON, so it is refused here rather than stored."""
+    x = _threshold_value(v)
+    if not math.isfinite(x):
+        raise ValueError(f"must be a finite number, got {v!r}")
+    return x
+
+
+def _threshold_value(v: Any) -> float:
     if isinstance(v, bool):
         raise ValueError(f"not a threshold: {v!r}")
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
+    if isinstance(v, int):
         try:
             return float(v)
-        except ValueError:
-            pass
-        try:
-            return float(parse_bytes(v))
-        except ValueError:
-            pass
-        try:
-            return parse_duration(v)
-        except ValueError:
-            pass
-    raise ValueError(f"not a threshold (a number, a size like 20GiB or a duration like 500ms): {v!r}")
+        except OverflowError:  # a JSON integer with hundreds of digits
+            raise ValueError("must be a finite number, got an integer too large for a float") from None
+    if isinstance(v, float):
+        return v
+    if isinstance(v, str) and len(v) <= MAX_THRESHOLD_CHARS:
+        for parse in (float, parse_bytes, parse_duration):
+            try:
+                return float(parse(v))
+            except (ValueError, OverflowError):
+                pass
+    shown = v if not isinstance(v, str) or len(v) <= MAX_THRESHOLD_CHARS else v[:MAX_THRESHOLD_CHARS] + "..."
+    raise ValueError(f"not a threshold (a number, a size like 20GiB or a duration like 500ms): {shown!r}")
 
 
 def parse_rule(raw: Any, where: str) -> WatchdogRule:
@@ -163,12 +236,12 @@ def parse_rule(raw: Any, where: str) -> WatchdogRule:
         if k not in raw:
             raise ConfigError(f"{where}.{k}", "missing")
     name, metric, op = raw["name"], raw["metric"], raw["op"]
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ConfigError(f"{where}.name", f"must be an identifier-like string, got {name!r}")
-    if not isinstance(metric, str) or not _METRIC_RE.match(metric):
-        raise ConfigError(f"{where}.metric", f"must be a memprof_* metric name, got {metric!r}")
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ConfigError(f"{where}.name", f"must be an identifier-like string of 1..128 chars, got {_shown(name)}")
+    if not isinstance(metric, str) or not _METRIC_RE.fullmatch(metric):
+        raise ConfigError(f"{where}.metric", f"must be a memprof_* metric name, got {_shown(metric)}")
     if op not in RULE_OPS:
-        raise ConfigError(f"{where}.op", f"must be one of {' '.join(RULE_OPS)}, got {op!r}")
+        raise ConfigError(f"{where}.op", f"must be one of {' '.join(RULE_OPS)}, got {_shown(op)}")
     try:
         threshold = parse_threshold(raw["threshold"])
     except ValueError as e:
@@ -179,16 +252,27 @@ def parse_rule(raw: Any, where: str) -> WatchdogRule:
         raise ConfigError(f"{where}.for", str(e)) from None
     severity = raw.get("severity", "warning")
     if severity not in RULE_SEVERITIES:
-        raise ConfigError(f"{where}.severity", f"must be one of {', '.join(RULE_SEVERITIES)}, got {severity!r}")
+        raise ConfigError(f"{where}.severity", f"must be one of {', '.join(RULE_SEVERITIES)}, got {_shown(severity)}")
     actions = raw.get("actions", ["log"])
     if isinstance(actions, str):
         actions = [actions]
     if not isinstance(actions, (list, tuple)) or any(a not in RULE_ACTIONS for a in actions):
-        raise ConfigError(f"{where}.actions", f"must be a list drawn from {', '.join(RULE_ACTIONS)}, got {actions!r}")
-    labels = raw.get("labels", {}) or {}
-    if not isinstance(labels, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise ConfigError(f"{where}.labels", "must be a mapping of label name to string value")
+        raise ConfigError(f"{where}.actions",
+                          f"must be a list drawn from {', '.join(RULE_ACTIONS)}, got {_shown(actions)}")
+    labels = raw.get("labels")
+    labels = {} if labels is None else labels  # an empty YAML key; but [] or "" are not label sets
+    _check_labels(labels, f"{where}.labels")
     return WatchdogRule(name, metric, op, threshold, for_s, severity, tuple(actions), tuple(sorted(labels.items())))
+
+
+def _check_labels(labels: Any, where: str) -> None:
+    if not isinstance(labels, Mapping) or len(labels) > MAX_RULE_LABELS:
+        raise ConfigError(where, f"must be a mapping of at most {MAX_RULE_LABELS} label names to string values")
+    for k, v in labels.items():
+        if not isinstance(k, str) or not _LABEL_RE.fullmatch(k):
+            raise ConfigError(where, f"label names must be Prometheus label names, got {_shown(k)}")
+        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE_CHARS:
+            raise ConfigError(f"{where}.{k}", f"must be a string of at most {MAX_LABEL_VALUE_CHARS} chars")
 
 
 def _rules(v: Any) -> tuple[WatchdogRule, ...]:
@@ -199,6 +283,8 @@ def _rules(v: Any) -> tuple[WatchdogRule, ...]:
             raise ValueError(f"expected a JSON list of rules: {e}") from None
     if not isinstance(v, (list, tuple)):
         raise ValueError(f"expected a list of rules, got {type(v).__name__}")
+    if len(v) > MAX_RULES:
+        raise ValueError(f"at most {MAX_RULES} rules, got {len(v)}")
     rules = tuple(r if isinstance(r, WatchdogRule) else parse_rule(r, f"watchdog.rules[{i}]")
                   for i, r in enumerate(v))
     names = [r.name for r in rules]
@@ -236,6 +322,9 @@ class HttpConfig:
     port: int = _f(9464, _int(0, 65535), "port (0 picks a free one)")
     token: str | None = _f(None, _str(optional=True), "bearer token for all routes but /metrics and /healthz")
     max_body_bytes: int = _f(1 << 20, _size, "largest request body accepted")
+    allowed_hosts: tuple[str, ...] = _f((), _hosts, "Host names answered besides loopback names and the "
+                                        "bind address ('*': any)")
+    allowed_origins: tuple[str, ...] = _f((), _origins, "browser origins allowed to call PUT/POST (none)")
 
 
 @dataclass(frozen=True)
@@ -263,7 +352,8 @@ class WatchdogConfig:
 @dataclass(frozen=True)
 class DumpsConfig:
     dir: str = _f(os.path.join(tempfile.gettempdir(), "memprof-otel-dumps"), _str(), "where dumps are stored")
-    max_files: int = _f(20, _int(1, 100_000), "dumps kept (oldest removed)")
+    max_files: int = _f(20, _int(1, 100_000), "on-demand dumps kept (oldest removed)")
+    max_oom_files: int = _f(5, _int(1, 10_000), "OOM flight records kept, apart from on-demand dumps")
     max_bytes: int = _f(512 << 20, _size, "total size of stored dumps (oldest removed)")
     cuda_history_max_entries: int = _f(100_000, _int(0, 10_000_000),
                                        "CUDA allocator-history entries a capture records (0 = off)")
@@ -379,7 +469,7 @@ def _parse_field(f: dataclasses.Field, raw: Any, where: str) -> Any:
         return f.metadata["parse"](raw)
     except ConfigError:
         raise
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise ConfigError(where, str(e)) from None
 
 

@@ -71,6 +71,8 @@ class Client:
         headers = {"Accept": accept, "User-Agent": "memprof-otel-cli"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if method in ("POST", "PUT"):  # the endpoint refuses other content types there (415)
+            headers["Content-Type"] = "application/json"
         req = urllib.request.Request(url, method=method, headers=headers,
                                      data=b"" if method in ("POST", "PUT") else None)
         wait = self.timeout if timeout is None else timeout

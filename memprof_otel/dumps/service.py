@@ -58,10 +58,11 @@ class DumpService:
     @property
     def store(self) -> DumpStore:
         d = self._config() or DumpsConfig()
-        key = (d.dir, d.max_files, d.max_bytes)
+        key = (d.dir, d.max_files, d.max_bytes, d.max_oom_files)
         with self._lock:
             if self._store is None or self._store_key != key:
-                self._store, self._store_key = DumpStore(d.dir, d.max_files, d.max_bytes), key
+                store = DumpStore(d.dir, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files)
+                self._store, self._store_key = store, key
             return self._store
 
     def pick_model(self, name: str | None) -> Capturable:

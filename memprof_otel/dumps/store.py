@@ -1,5 +1,8 @@
 """Stored dumps: one JSON file each in a private folder, oldest removed past a count or size cap.
 
+OOM flight records (kind ``oom``, see ``PROTECTED_KINDS``) rotate apart from on-demand dumps, under
+their own count (``max_oom_files``): no number of on-demand dumps can evict the record of a crash.
+
 Files are named ``<id>.<kind>.json`` with ``id = YYYYmmddTHHMMSSZ-<model>-<8 hex>``. An id coming
 from a request is checked against a strict pattern and the file it names must resolve inside the
 folder, so no id can reach a path outside it. Other files in the folder are never listed, read or
@@ -29,6 +32,7 @@ ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_-]{0,40}-[0-9a-f]{8}")
 KIND_RE = re.compile(r"[a-z0-9_]{1,32}")
 _FILE_RE = re.compile(rf"(?P<id>{ID_RE.pattern})\.(?P<kind>{KIND_RE.pattern})\.json")
 _MODEL_BAD = re.compile(r"[^A-Za-z0-9_-]")
+PROTECTED_KINDS = frozenset({"oom"})  # kept under their own quota, never rotated by other dumps
 
 
 @dataclass(frozen=True)
@@ -61,21 +65,25 @@ def _model_of(dump_id: str) -> str:
 
 
 class DumpStore:
-    """Dumps in ``dir`` (created 0o700 on the first save), at most ``max_files`` / ``max_bytes``.
+    """Dumps in ``dir`` (created 0o700 on the first save): on-demand dumps at most ``max_files`` /
+    ``max_bytes``, OOM records (``PROTECTED_KINDS``) at most ``max_oom_files``, each rotated alone.
 
     Safe to share between threads of one process. ``clock`` and ``token`` are injectable for tests.
     """
 
     def __init__(self, dir: str | os.PathLike[str], max_files: int = 20, max_bytes: int = 512 << 20, *,
-                 clock: Callable[[], float] = time.time,
+                 max_oom_files: int = 5, clock: Callable[[], float] = time.time,
                  token: Callable[[], str] = lambda: secrets.token_hex(4)) -> None:
         if max_files < 1:
             raise ValueError(f"max_files must be >= 1, got {max_files}")
+        if max_oom_files < 1:
+            raise ValueError(f"max_oom_files must be >= 1, got {max_oom_files}")
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.dir = Path(dir)
         self.max_files = max_files
         self.max_bytes = max_bytes
+        self.max_oom_files = max_oom_files
         self._clock = clock
         self._token = token
         self._lock = threading.Lock()
@@ -113,7 +121,7 @@ class DumpStore:
                 raise ExportError(f"cannot save dump in {self.dir}: no free id")
             self._write(target, body, now)
             info = DumpInfo(dump_id, target, len(body), now, kind, _model_of(dump_id))
-            self._rotate(keep=dump_id)
+            self._rotate(keep=dump_id, protected=kind in PROTECTED_KINDS)
             return info
 
     def _write(self, target: Path, body: bytes, now: float) -> None:
@@ -142,11 +150,16 @@ class DumpStore:
         except OSError:
             pass
 
-    def _rotate(self, keep: str) -> None:
-        infos = sorted(self._scan(), key=lambda i: (i.created, i.id))  # oldest first
+    def _rotate(self, keep: str, protected: bool = False) -> None:
+        """Remove the oldest dumps of the pool ``keep`` belongs to (OOM records or on-demand dumps)
+        until that pool is within its caps; the other pool is never touched."""
+        pool = [i for i in self._scan() if (i.kind in PROTECTED_KINDS) == protected]
+        infos = sorted(pool, key=lambda i: (i.created, i.id))  # oldest first
+        max_files = self.max_oom_files if protected else self.max_files
+        max_bytes = self.max_bytes if not protected else sum(i.size_bytes for i in infos)  # count only
         count, total = len(infos), sum(i.size_bytes for i in infos)
         for old in infos:
-            if count <= self.max_files and total <= self.max_bytes:
+            if count <= max_files and total <= max_bytes:
                 return
             if old.id == keep:
                 continue
@@ -158,10 +171,10 @@ class DumpStore:
                 log.warning("cannot remove old dump %s: %s", old.path, e.strerror or e)
                 continue
             count, total = count - 1, total - old.size_bytes
-        if count == 1 and total > self.max_bytes:
+        if count == 1 and total > max_bytes:
             log.warning("dump %s alone is %d bytes, over dumps.max_bytes=%d; kept anyway",
-                        keep, total, self.max_bytes)
-        elif count > self.max_files or total > self.max_bytes:
+                        keep, total, max_bytes)
+        elif count > max_files or total > max_bytes:
             log.warning("dumps in %s still over their caps (%d files, %d bytes)", self.dir, count, total)
 
     # ---- reading ----

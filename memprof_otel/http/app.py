@@ -1,13 +1,17 @@
 """The HTTP endpoint's routes as one transport-free function: ``Endpoint.handle(Request) -> Response``.
 
-The server (``http_server.serve``) and the WSGI/ASGI adapters only translate to and from these two
+The server (``http.server.serve``) and the WSGI/ASGI adapters only translate to and from these two
 types. Every error is JSON ``{"error", "detail"}`` with a 4xx code for bad input; an unexpected
 failure is a 500 with the exception's type, never a traceback.
+
+Requests from other origins are checked before any route runs (see ``host_allowed`` and
+``_guard_browser``): a ``Host`` that is not this endpoint's (DNS rebinding) is refused on every route,
+and PUT/POST need ``Content-Type: application/json`` and no foreign ``Origin``, so a web page can
+neither send a "simple" cross-origin request nor read an answer through a rebound name.
 """
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import math
 import time
@@ -18,7 +22,7 @@ from urllib.parse import parse_qs
 
 from .._log import rate_limited
 from .._version import __version__
-from ..config import Config, ConfigError, parse_rule
+from ..config import MAX_RULES, Config, ConfigError, HttpConfig, parse_rule
 from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId,
                      UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
@@ -29,9 +33,12 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
+from .guards import (JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT,
+                     host_allowed, is_loopback, make_cursor, media_type, parse_cursor, parse_integer, parse_number)
 from .openapi import openapi_document
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
+_ITEMS_PER_SLICE = 32      # items encoded between two yields of the interpreter (see _encode_slice)
 
 
 class EndpointServices(ScrapeSource, Protocol):
@@ -47,7 +54,6 @@ class EndpointServices(ScrapeSource, Protocol):
 
     def ensure_started(self, config: Config | None = None) -> Any: ...
     def self_view(self) -> SelfView: ...
-JSON = "application/json"
 
 
 @dataclass
@@ -76,8 +82,28 @@ class HttpError(Exception):
 
 
 def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps(obj, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
-    return Response(status, body, JSON, headers or {})
+    return Response(status, dumps(obj), JSON, headers or {})
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON. A NaN or infinity that reached a response (a source reading, say) is sent as
+    null: strict JSON has no such numbers, and a read route must not fail over one value."""
+    try:
+        return json.dumps(obj, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+    except ValueError:
+        return json.dumps(_finite(obj), default=_json_default, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, Mapping):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple, set)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "to_dict"):
+        return _finite(o.to_dict())
+    return o
 
 
 def _json_default(o: Any) -> Any:
@@ -94,25 +120,20 @@ def error_response(status: int, error: str, detail: str, headers: dict[str, str]
     return json_response(status, {"error": error, "detail": detail}, headers)
 
 
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return host == "localhost"
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
+def _shown(v: str, limit: int = 40) -> str:
+    """``repr`` cut short, so an error never echoes a long hostile string back."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
 
 
 def _float_param(q: Mapping[str, list[str]], name: str, default: float | None, lo: float, hi: float) -> float | None:
     raw = q.get(name)
     if raw is None:
         return default
-    try:
-        v = float(raw[-1])
-    except ValueError:
-        raise HttpError(400, "bad_parameter", f"{name} must be a number, got {raw[-1]!r}") from None
-    if not (lo <= v <= hi) or not math.isfinite(v):
-        raise HttpError(400, "bad_parameter", f"{name} must be between {lo:g} and {hi:g}, got {raw[-1]!r}")
+    v = parse_number(raw[-1], lo, hi)
+    if v is None:
+        raise HttpError(400, "bad_parameter",
+                        f"{name} must be a finite number between {lo:g} and {hi:g}, got {_shown(raw[-1])}")
     return v
 
 
@@ -120,13 +141,55 @@ def _int_param(q: Mapping[str, list[str]], name: str, default: int, lo: int, hi:
     raw = q.get(name)
     if raw is None:
         return default
-    try:
-        v = int(raw[-1])
-    except ValueError:
-        raise HttpError(400, "bad_parameter", f"{name} must be an integer, got {raw[-1]!r}") from None
-    if not lo <= v <= hi:
-        raise HttpError(400, "bad_parameter", f"{name} must be between {lo} and {hi}, got {v}")
+    v = parse_integer(raw[-1], lo, hi)
+    if v is None:
+        raise HttpError(400, "bad_parameter", f"{name} must be an integer between {lo} and {hi}, "
+                        f"got {_shown(raw[-1])}")
     return v
+
+
+def _str_param(q: Mapping[str, list[str]], name: str) -> str | None:
+    raw = q.get(name)
+    if raw is None or raw[-1] == "":
+        return None
+    if len(raw[-1]) > MAX_NAME_CHARS:
+        raise HttpError(400, "bad_parameter", f"{name} must be at most {MAX_NAME_CHARS} characters")
+    return raw[-1]
+
+
+# ---- /v1/timeline pages ---------------------------------------------------------------------
+
+def _encode_slice(items: list[Any], limit: int, budget: int) -> list[bytes]:
+    """Items encoded one by one, up to ``limit`` items and ``budget`` bytes (at least one item, so
+    a page always moves forward). The interpreter is handed over between slices of items: one
+    large ``json.dumps`` would hold it for the whole document and stall the model's thread."""
+    out: list[bytes] = []
+    used = 0
+    for i, item in enumerate(items[:limit]):
+        if i and i % _ITEMS_PER_SLICE == 0:
+            time.sleep(0)
+        b = dumps(item.to_dict())
+        if out and used + len(b) > budget:
+            break
+        out.append(b)
+        used += len(b) + 1
+    return out
+
+
+def timeline_page(samples: list[Any], ops: list[Any], after: tuple[float, int], limit: int,
+                  max_bytes: int) -> bytes:
+    """One page of ``GET /v1/timeline``: samples and operations after the cursor ``after``, in order,
+    at most ``limit`` of each and about ``max_bytes`` of both; ``next`` is where the following page
+    starts (null when nothing is left), ``resume`` where to poll from later for newer entries."""
+    enc_samples = _encode_slice(samples, limit, max_bytes // 2)
+    used = sum(len(b) for b in enc_samples)
+    enc_ops = _encode_slice(ops, limit, max(max_bytes - used, 1))
+    last_t = samples[len(enc_samples) - 1].t if enc_samples else after[0]
+    last_id = ops[len(enc_ops) - 1].id if enc_ops else after[1]
+    resume = make_cursor(last_t, last_id)
+    more = len(enc_samples) < len(samples) or len(enc_ops) < len(ops)
+    return b"".join((b'{"samples":[', b",".join(enc_samples), b'],"operations":[', b",".join(enc_ops),
+                     b'],"next":', dumps(resume if more else None), b',"resume":', dumps(resume), b"}"))
 
 
 Handler = Callable[[Request, Mapping[str, list[str]], str], Response]
@@ -137,13 +200,18 @@ class Endpoint:
     mutating routes without a token are allowed only to loopback clients)."""
 
     def __init__(self, rt: EndpointServices, token: str | None = None, bind_host: str | None = None,
-                 max_body_bytes: int | None = None, base_url: str = "") -> None:
+                 max_body_bytes: int | None = None, base_url: str = "",
+                 allowed_hosts: tuple[str, ...] | None = None,
+                 allowed_origins: tuple[str, ...] | None = None) -> None:
         self.rt = rt
         cfg = self.rt.config
-        self.token = token if token is not None else (cfg.http.token if cfg is not None else None)
+        http = cfg.http if cfg is not None else HttpConfig()
+        self.token = token if token is not None else http.token
         self.bind_host = bind_host
-        self.max_body_bytes = max_body_bytes if max_body_bytes is not None else (
-            cfg.http.max_body_bytes if cfg is not None else 1 << 20)
+        self.max_body_bytes = max_body_bytes if max_body_bytes is not None else http.max_body_bytes
+        self.allowed_hosts = tuple(allowed_hosts if allowed_hosts is not None else http.allowed_hosts)
+        self.allowed_origins = tuple(o.lower() for o in (allowed_origins if allowed_origins is not None
+                                                          else http.allowed_origins))
         self.base_url = base_url
         self.registry = make_registry(self.rt, layers=False)  # layer families: the fast writer
         self._routes: dict[tuple[str, str], Handler] = {
@@ -158,14 +226,19 @@ class Endpoint:
     # ---- dispatch --------------------------------------------------------------------------
     def handle(self, req: Request) -> Response:
         try:
-            return self._dispatch(req)
+            resp = self._dispatch(req)
         except HttpError as e:
-            return error_response(e.status, e.error, e.detail, e.headers)
+            resp = error_response(e.status, e.error, e.detail, e.headers)
         except UnknownModel as e:
-            return error_response(404, "unknown_model", str(e))
+            resp = error_response(404, "unknown_model", str(e))
         except Exception as e:  # our bug, not the caller's input: a 500 without a traceback
-            rate_limited.warning("http-500", "memprof_otel: %s %s failed: %r", req.method, req.path, e)
-            return error_response(500, "internal", f"{type(e).__name__} while serving {req.path}")
+            rate_limited.warning("http-500", "memprof_otel: %s %s failed: %r", req.method, req.path[:200], e)
+            resp = error_response(500, "internal", f"{type(e).__name__} while serving {req.path[:200]}")
+        origin = req.headers.get("origin")
+        if origin is not None and origin.lower() in self.allowed_origins:  # CORS: only listed origins read
+            resp.headers.setdefault("Access-Control-Allow-Origin", origin)
+            resp.headers.setdefault("Vary", "Origin")
+        return resp
 
     def _dispatch(self, req: Request) -> Response:
         path = req.path.rstrip("/") or "/"
@@ -173,20 +246,24 @@ class Endpoint:
         if method == "HEAD":
             method = "GET"
         arg = ""
-        key = (method, path)
+        handler: Handler | None = self._routes.get((method, path))
+        allowed = sorted(m for (m, p) in self._routes if p == path)
         if path.startswith("/v1/dumps/"):  # any rest, even "../x" decoded from %2F: the id check rejects it
-            key, arg = (method, "/v1/dumps/{id}"), path[len("/v1/dumps/"):]
-            if method != "GET":
-                raise HttpError(405, "method_not_allowed", f"{method} is not allowed on {path}", {"Allow": "GET"})
-        handler = self._routes.get(key) if key[1] != "/v1/dumps/{id}" else self.get_dump
+            arg, allowed = path[len("/v1/dumps/"):], ["GET"]
+            handler = self.get_dump if method == "GET" else None
         if handler is None:
-            allowed = sorted(m for (m, p) in self._routes if p == path)
+            if allowed and method == "OPTIONS" and "origin" in req.headers:
+                return self._preflight(req, allowed)
             if allowed:
-                raise HttpError(405, "method_not_allowed", f"{method} is not allowed on {path}",
+                raise HttpError(405, "method_not_allowed", f"{method[:20]} is not allowed on {_shown(path)}",
                                 {"Allow": ", ".join(allowed)})
-            raise HttpError(404, "not_found", f"no route {path}; see /openapi.json")
+            raise HttpError(404, "not_found", f"no route {_shown(path)}; see /openapi.json")
+        self._check_host(req)
+        mutating = method in ("PUT", "POST")
+        if mutating:
+            self._guard_browser(req)
         if path not in PUBLIC_ROUTES:
-            self._authorize(req, mutating=method in ("PUT", "POST"))
+            self._authorize(req, mutating=mutating)
         if len(req.body) > self.max_body_bytes:
             raise HttpError(413, "body_too_large", f"request body over {self.max_body_bytes} bytes")
         try:
@@ -194,6 +271,34 @@ class Endpoint:
         except ValueError as e:
             raise HttpError(400, "bad_query", str(e)) from None
         return handler(req, q, arg)
+
+    def _check_host(self, req: Request) -> None:
+        host = req.headers.get("host")
+        if not host_allowed(host, self.bind_host, self.allowed_hosts):
+            raise HttpError(403, "host_not_allowed", f"Host {_shown(host or '')} is not this endpoint's: use "
+                            "a loopback name or the bind address, or list the name in http.allowed_hosts")
+
+    def _guard_browser(self, req: Request) -> None:
+        """PUT/POST: no foreign Origin, and a JSON content type (a browser must then preflight,
+        which only listed origins pass)."""
+        origin = req.headers.get("origin")
+        if origin is not None and origin.lower() not in self.allowed_origins:
+            raise HttpError(403, "origin_not_allowed", f"requests from origin {_shown(origin)} are refused; "
+                            "list it in http.allowed_origins to allow it")
+        if media_type(req.headers.get("content-type", "")) != JSON:
+            raise HttpError(415, "unsupported_media_type", "PUT and POST need Content-Type: application/json",
+                            {"Accept": JSON})
+
+    def _preflight(self, req: Request, allowed: list[str]) -> Response:
+        """The answer to a browser's CORS preflight: 204 for a listed origin, 403 otherwise."""
+        self._check_host(req)
+        origin = req.headers["origin"]
+        if origin.lower() not in self.allowed_origins:
+            raise HttpError(403, "origin_not_allowed", f"requests from origin {_shown(origin)} are refused; "
+                            "list it in http.allowed_origins to allow it")
+        return Response(204, b"", JSON, {
+            "Access-Control-Allow-Methods": ", ".join(allowed),
+            "Access-Control-Allow-Headers": "Authorization, Content-Type", "Access-Control-Max-Age": "600"})
 
     def _authorize(self, req: Request, mutating: bool) -> None:
         if self.token:
@@ -245,7 +350,7 @@ class Endpoint:
             "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix})
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        name = q.get("model", [None])[-1]
+        name = _str_param(q, "model")
         handles = [self.rt.dump_service.pick_model(name)] if name else list(live_instrumentations().values())
         return json_response(200, {"models": {h.name: {
             "device": h.last_device,
@@ -255,11 +360,17 @@ class Endpoint:
 
     def timeline(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         since = _float_param(q, "since", None, 0.0, 10 * 365 * 86400.0)
+        limit = _int_param(q, "limit", TIMELINE_DEFAULT_LIMIT, 1, TIMELINE_MAX_LIMIT)
+        raw_cursor = _str_param(q, "cursor")
+        after = parse_cursor(raw_cursor) if raw_cursor is not None else (0.0, 0)
+        if after is None:
+            raise HttpError(400, "bad_parameter", "cursor must be the `next` or `resume` value of an earlier "
+                            f"page, got {_shown(raw_cursor or '')}")
         since_unix = None if since is None else time.time() - since
         s = self.rt.sampler
-        samples = s.samples(since_unix) if s is not None else []
-        return json_response(200, {"samples": [x.to_dict() for x in samples],
-                                   "operations": [r.to_dict() for r in self.rt.tracker.records(since_unix)]})
+        samples = [x for x in (s.samples(since_unix) if s is not None else []) if x.t > after[0]]
+        ops = [r for r in self.rt.tracker.records(since_unix) if r.id > after[1]]
+        return Response(200, timeline_page(samples, ops, after, limit, TIMELINE_MAX_BYTES), JSON)
 
     def alerts(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog
@@ -273,10 +384,14 @@ class Endpoint:
         try:
             doc = json.loads(req.body or b"null")
         except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, "bad_json", f"body is not JSON: {e}") from None
+            raise HttpError(400, "bad_json", f"body is not JSON: {str(e)[:200]}") from None
+        except RecursionError:  # nested deeper than the parser goes
+            raise HttpError(400, "bad_json", "body is not JSON: nested too deep") from None
         raw = doc.get("rules") if isinstance(doc, dict) else doc
         if not isinstance(raw, list):
             raise HttpError(400, "bad_rules", 'expected {"rules": [...]} or a JSON list of rules')
+        if len(raw) > MAX_RULES:
+            raise HttpError(400, "bad_rules", f"rules: at most {MAX_RULES} rules, got {len(raw)}")
         try:
             rules = [parse_rule(r, f"rules[{i}]") for i, r in enumerate(raw)]
         except ConfigError as e:
@@ -294,10 +409,10 @@ class Endpoint:
     def post_dump(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         kind = q.get("kind", ["speedscope"])[-1]
         if kind != "speedscope":
-            raise HttpError(400, "bad_parameter", f"kind must be speedscope, got {kind!r}")
+            raise HttpError(400, "bad_parameter", f"kind must be speedscope, got {_shown(kind)}")
         forwards = _int_param(q, "forwards", 1, 1, 1000)
         timeout = _float_param(q, "timeout", 30.0, 0.01, 600.0)
-        model = q.get("model", [None])[-1] or None
+        model = _str_param(q, "model")
         try:
             info = self.rt.dump_service.capture(model, forwards, float(timeout or 30.0), reason="http")
         except UnknownModel as e:

@@ -3,23 +3,30 @@
 Bodies larger than the cap are refused from ``Content-Length`` before a byte is read. WSGI has no
 body without a length (wsgiref does not do chunked requests), so none is read then; the ASGI adapter
 reads a length-less body up to the cap plus one byte. The server binds 127.0.0.1 by default.
+
+Whatever arrives, the answer is the JSON error shape: requests the standard library refuses before
+our routes run (a garbage request line, a bad header line, HTTP/0.9, over-long lines) are answered
+by ``_JsonErrorHandler.send_error``, and a failure inside wsgiref by ``_JsonServerHandler``.
 """
 from __future__ import annotations
 
 import asyncio
+import email.errors
 import socket
 import threading
+from http import HTTPStatus
 from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterable
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from ..errors import ConfigError, ServeError
-from .app import Endpoint, EndpointServices, Request, Response, error_response
+from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
 
-_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-            404: "Not Found", 405: "Method Not Allowed", 409: "Conflict", 413: "Payload Too Large",
-            500: "Internal Server Error", 503: "Service Unavailable", 504: "Gateway Timeout",
-            507: "Insufficient Storage"}
+_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
+            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
+            413: "Payload Too Large", 415: "Unsupported Media Type", 500: "Internal Server Error",
+            503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
+SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
 
 
 def _status_line(code: int) -> str:
@@ -43,22 +50,27 @@ def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> 
     return b""
 
 
+def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
+    try:
+        body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
+    except OSError:  # the client stopped sending (socket timeout) or went away
+        return error_response(400, "body_incomplete", "the request body did not arrive in full")
+    if body is None:
+        return _too_large(endpoint.max_body_bytes)
+    headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
+    if environ.get("CONTENT_TYPE"):
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    return endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"),
+                                   environ.get("QUERY_STRING", ""), headers, body, environ.get("REMOTE_ADDR", "")))
+
+
 def wsgi_app(rt: EndpointServices, token: str | None = None, *,
              bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
     """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
     endpoint = Endpoint(rt, token=token, bind_host=bind_host)
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
-        if body is None:
-            resp = _too_large(endpoint.max_body_bytes)
-        else:
-            headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
-            if environ.get("CONTENT_TYPE"):
-                headers["content-type"] = environ["CONTENT_TYPE"]
-            resp = endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"),
-                                           environ.get("QUERY_STRING", ""), headers, body,
-                                           environ.get("REMOTE_ADDR", "")))
+        resp = _wsgi_response(endpoint, environ)
         start_response(_status_line(resp.status), [("Content-Type", resp.content_type),
                                                    ("Content-Length", str(len(resp.body))),
                                                    *resp.headers.items()])
@@ -129,9 +141,73 @@ class _V6Server(_ThreadingWSGIServer):
     address_family = socket.AF_INET6
 
 
+# a header line without a colon, a continuation line first (others, e.g. a multipart content type
+# without its body, are about the body, which the email parser never saw)
+_HEADER_DEFECTS = (email.errors.MissingHeaderBodySeparatorDefect, email.errors.FirstHeaderLineIsContinuationDefect,
+                   email.errors.InvalidHeaderDefect)
+
+
+class _JsonServerHandler(ServerHandler):
+    """wsgiref's per-request handler, with its last-resort 500 in our JSON shape."""
+    error_headers = [("Content-Type", "application/json")]
+    error_body = dumps({"error": "internal", "detail": "the server failed while answering"})
+
+
 class _QuietHandler(WSGIRequestHandler):
+    """wsgiref's request handler, strict about the request and answering JSON to whatever it refuses."""
+    timeout = SOCKET_TIMEOUT_S
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
         pass  # access logs are the application's business, not ours
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The JSON error shape instead of the standard library's HTML page."""
+        if self.request_version in ("", "HTTP/0.9") or not self.request_version.startswith("HTTP/1."):
+            self.request_version = "HTTP/1.0"  # else no status line nor headers would be written
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        error = phrase.lower().replace(" ", "_").replace("-", "_") or "error"
+        body = dumps({"error": error, "detail": (message or phrase)[:300]})
+        self.close_connection = True
+        self.send_response(code, phrase)
+        self.send_header("Connection", "close")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            if not self.raw_requestline.strip():  # an empty line: the stdlib closes without answering
+                self.send_error(400, "empty request line")
+            return False
+        if self.request_version == "HTTP/0.9":  # a bare "GET /path": no headers, no status line back
+            self.send_error(505, "HTTP/0.9 is not supported; use HTTP/1.0 or HTTP/1.1")
+            return False
+        if any(isinstance(d, _HEADER_DEFECTS) for d in self.headers.defects):
+            self.send_error(400, "malformed header line")
+            return False
+        return True
+
+    def handle(self) -> None:
+        """One request, as ``WSGIRequestHandler.handle`` with a JSON last-resort error handler."""
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+        except OSError:  # timed out or reset before a request line came
+            return
+        if len(self.raw_requestline) > 65536:
+            self.requestline, self.request_version, self.command = "", "", ""
+            self.send_error(414, "request line over 65536 bytes")
+            return
+        if not self.parse_request():
+            return
+        handler = _JsonServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(),
+                                     multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined] # backpointer for logging
+        handler.run(self.server.get_app())
 
 
 class Server:

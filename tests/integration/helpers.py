@@ -10,6 +10,9 @@ from torch import nn
 
 import memprof_otel as mp
 
+# What a well-behaved API client sends: PUT/POST without a JSON content type are refused (415).
+JSON_HEADERS = {"Content-Type": "application/json"}
+
 
 class Traffic:
     """``op``: run each forward inside ``mp.operation(op)``. Errors raised by forwards (and

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memprof_otel as mp
-from tests.integration.helpers import Traffic, wait_until
+from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
 from memprof_otel.attribution.torch import hooks
 from tests.schemas import speedscope_validator
 
@@ -90,7 +90,7 @@ def start(tmp_path: Path, dumps: dict[str, Any] | None = None, **sections: Any) 
     mp.start_monitoring({"sampler": {"interval": "50ms"},
                          "dumps": {"dir": str(tmp_path / "dumps"), **(dumps or {})}, **sections})
     srv = mp.serve(port=0)
-    return srv, httpx.Client(base_url=srv.url, timeout=60)
+    return srv, httpx.Client(base_url=srv.url, timeout=60, headers=JSON_HEADERS)
 
 
 @pytest.fixture
@@ -283,7 +283,7 @@ def test_unwritable_dump_dir_is_507_and_counted_and_inference_unaffected(tmp_pat
     blocker.write_text("not a directory")
     mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(blocker / "dumps")}})
     srv = mp.serve(port=0)
-    c = httpx.Client(base_url=srv.url, timeout=60)
+    c = httpx.Client(base_url=srv.url, timeout=60, headers=JSON_HEADERS)
     model = Known()
     mp.instrument(model, name="known")
     before = dumps_total(c)

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
 from tests import reference_doc, schemas
-from tests.integration.helpers import Traffic
+from tests.integration.helpers import JSON_HEADERS, Traffic
 
 from .models import F32, Tree
 
@@ -85,7 +85,7 @@ def server(tmp_path: Path) -> Iterator[mp.Server]:
 
 @pytest.fixture
 def client(server: mp.Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as c:
+    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
         yield c
 
 
@@ -342,7 +342,7 @@ def test_malformed_dump_ids_are_400_and_never_read_outside(server, tmp_path, raw
     (tmp_path / "dumps").mkdir()
     # raw request target: no client-side normalization of the percent-encoding
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(f"GET /v1/dumps/{raw_id} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        s.sendall(f"GET /v1/dumps/{raw_id} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
         raw = _read_all(s)
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.split()[1] == b"400", raw
@@ -391,7 +391,7 @@ def test_token_guards_every_route_but_metrics_and_healthz(tmp_path, tree):
     good = {"Authorization": "Bearer s3cret"}
     bad = [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer s3cret2"},
            {"Authorization": "Basic czNjcmV0"}, {"Authorization": "s3cret"}]
-    with httpx.Client(base_url=srv.url, timeout=30) as c, Traffic(model):
+    with httpx.Client(base_url=srv.url, timeout=30, headers=JSON_HEADERS) as c, Traffic(model):
         for public in ("/metrics", "/healthz"):
             assert c.get(public).status_code == 200
         first = c.post("/v1/dumps", params={"timeout": 10}, headers=good)
@@ -411,7 +411,7 @@ def test_token_guards_every_route_but_metrics_and_healthz(tmp_path, tree):
 def test_non_loopback_bind_without_token_refuses_put_and_post(tmp_path, tree):
     mp.start_monitoring(config(tmp_path))
     srv = mp.serve(host="0.0.0.0", port=0)
-    with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}", timeout=30) as c:
+    with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}", timeout=30, headers=JSON_HEADERS) as c:
         assert "token" in assert_error(c.put("/v1/watchdog/rules", json={"rules": [RULE]}), 403, "forbidden")["detail"]
         assert_error(c.post("/v1/dumps", params={"timeout": 0.2}), 403, "forbidden")
         assert c.get("/v1/watchdog/rules").json() == {"rules": []}  # the refused PUT changed nothing
@@ -423,7 +423,7 @@ def test_non_loopback_bind_without_token_refuses_put_and_post(tmp_path, tree):
 def test_body_over_cap_is_413_before_the_body_is_read(client, server):
     # GIVEN a body announced far over the cap, of which not one byte is sent
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"PUT /v1/watchdog/rules HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"PUT /v1/watchdog/rules HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 104857600\r\n\r\n")
         # THEN the answer comes at once (a server reading the body would block here until the timeout)
         raw = _read_all(s)
@@ -471,7 +471,7 @@ def test_openapi_documents_exactly_the_routes_the_server_answers(client, tree):
 def test_wsgi_app_answers_metrics_healthz_and_json_errors(tmp_path):
     mp.start_monitoring(config(tmp_path))
     app = mp.wsgi_app()
-    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://app") as c:
+    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://127.0.0.1", headers=JSON_HEADERS) as c:
         m = c.get("/metrics")
         assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
         assert "memprof_build_info" in m.text
@@ -480,7 +480,7 @@ def test_wsgi_app_answers_metrics_healthz_and_json_errors(tmp_path):
         assert_error(c.put("/v1/watchdog/rules", content=b"x" * (BODY_CAP + 1)), 413, "body_too_large")
     # mounted without a bind address: mutating routes only from loopback clients
     remote = httpx.WSGITransport(app=app, remote_addr="10.1.2.3")
-    with httpx.Client(transport=remote, base_url="http://app") as c:
+    with httpx.Client(transport=remote, base_url="http://127.0.0.1", headers=JSON_HEADERS) as c:
         assert_error(c.put("/v1/watchdog/rules", json={"rules": []}), 403, "forbidden")
         assert c.get("/v1/watchdog/rules").status_code == 200
 
@@ -490,7 +490,7 @@ def test_asgi_app_answers_metrics_healthz_and_json_errors(tmp_path):
     app = mp.asgi_app()
 
     async def main() -> None:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=JSON_HEADERS) as c:
             om = await c.get("/metrics", headers={"Accept": "application/openmetrics-text"})
             assert om.status_code == 200 and om.headers["content-type"].startswith("application/openmetrics-text")
             assert (await c.get("/healthz")).json() == {"status": "ok"}
@@ -499,7 +499,7 @@ def test_asgi_app_answers_metrics_healthz_and_json_errors(tmp_path):
             ok = await c.put("/v1/watchdog/rules", json={"rules": [RULE]})
             assert ok.status_code == 200 and ok.json()["rules"][0]["name"] == "rss_high"
         remote = httpx.ASGITransport(app=app, client=("10.1.2.3", 4567))
-        async with httpx.AsyncClient(transport=remote, base_url="http://app") as c:
+        async with httpx.AsyncClient(transport=remote, base_url="http://127.0.0.1", headers=JSON_HEADERS) as c:
             assert_error(await c.post("/v1/dumps"), 403, "forbidden")
 
     asyncio.run(main())
@@ -509,7 +509,7 @@ def test_asgi_app_answers_metrics_healthz_and_json_errors(tmp_path):
 
 
 async def _asgi_get(app: Any, path: str) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", headers=JSON_HEADERS) as c:
         return await c.get(path)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 
 import memprof_otel as mp
 from tests import reference_doc
-from tests.integration.helpers import Traffic, wait_until
+from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
 from memprof_otel.metric_names import METRICS
 from memprof_otel.sources import registry
 
@@ -49,7 +49,7 @@ def server(tmp_path: Path) -> Iterator[mp.Server]:
 
 @pytest.fixture
 def client(server: mp.Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30) as c:
+    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
         yield c
 
 
@@ -267,7 +267,7 @@ def test_openmetrics_exemplars_carry_the_operation_trace_id(tmp_path):
     trace_ids = {format(s.context.trace_id, "032x") for s in spans.get_finished_spans() if s.name == "generate"}
     last = max((s for s in spans.get_finished_spans() if s.name == "generate"), key=lambda s: s.end_time)
     assert len(trace_ids) == 3
-    with httpx.Client(base_url=srv.url, timeout=30) as c:
+    with httpx.Client(base_url=srv.url, timeout=30, headers=JSON_HEADERS) as c:
         om = c.get("/metrics", headers=OPENMETRICS)
         text = c.get("/metrics")
     assert om.headers["content-type"].startswith("application/openmetrics-text")

@@ -95,3 +95,34 @@ def test_rules_parse_units_and_roundtrip():
 def test_token_is_masked_in_dict():
     cfg = load_config({"http": {"token": "s3cret"}}, environ={})
     assert cfg.http.token == "s3cret" and cfg.to_dict()["http"]["token"] == "***"
+
+
+def test_http_allowed_hosts_and_origins_from_file_and_env():
+    env = {"MEMPROF_OTEL_HTTP_ALLOWED_HOSTS": "App.Internal, 10.0.0.1,[::1]",
+           "MEMPROF_OTEL_HTTP_ALLOWED_ORIGINS": "https://grafana.example:3000"}
+    cfg = load_config(None, environ=env)
+    assert cfg.http.allowed_hosts == ("app.internal", "10.0.0.1", "::1")
+    assert cfg.http.allowed_origins == ("https://grafana.example:3000",)
+    assert load_config({"http": {"allowed_hosts": ["*"]}}, environ={}).http.allowed_hosts == ("*",)
+
+
+@pytest.mark.parametrize("layer,key", [
+    ({"http": {"allowed_hosts": ["http://app"]}}, "http.allowed_hosts"),
+    ({"http": {"allowed_hosts": ["app:9464"]}}, "http.allowed_hosts"),
+    ({"http": {"allowed_origins": ["*"]}}, "http.allowed_origins"),
+    ({"http": {"allowed_origins": ["https://a.example/path"]}}, "http.allowed_origins"),
+    ({"http": {"max_body_bytes": "1e999"}}, "http.max_body_bytes"),
+    ({"dumps": {"max_oom_files": 0}}, "dumps.max_oom_files"),
+    ({"watchdog": {"dump_min_interval": "1e999s"}}, "watchdog.dump_min_interval"),
+    ({"attribution": {"overhead_budget": float("nan")}}, "attribution.overhead_budget"),
+    ({"watchdog": {"rules": [{"name": "x", "metric": "memprof_a", "op": ">", "threshold": float("nan")}]}},
+     "watchdog.rules[0].threshold"),
+    ({"watchdog": {"rules": [{"name": "x", "metric": "memprof_a", "op": ">", "threshold": "inf"}]}},
+     "watchdog.rules[0].threshold"),
+    ({"watchdog": {"rules": [{"name": "x", "metric": "memprof_a", "op": ">", "threshold": 1, "for": 10**400}]}},
+     "watchdog.rules[0].for"),
+])
+def test_non_finite_and_malformed_values_name_the_key(layer, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(layer, environ={})
+    assert e.value.key == key

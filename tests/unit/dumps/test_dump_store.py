@@ -276,3 +276,26 @@ def test_permission_denied_on_temp_file_is_an_export_error(tmp_path, monkeypatch
     with pytest.raises(ExportError, match="Permission denied"):
         store.save(b"{}")
     assert store.list() == []
+
+
+def test_oom_records_rotate_apart_from_on_demand_dumps(tmp_path):
+    # GIVEN a store keeping 2 on-demand dumps and 2 OOM records, and one OOM record saved first
+    store = make_store(tmp_path, max_files=2, max_oom_files=2, max_bytes=10_000)
+    oom = store.save({"kind": "oom"}, kind="oom", model="m")
+    # WHEN far more on-demand dumps than both caps arrive, some of them large enough to hit max_bytes
+    made = [store.save({"pad": "x" * (4000 if i % 3 == 0 else 10)}, model="m") for i in range(50)]
+    # THEN the OOM record is still there, untouched, and the on-demand pool is bounded as before
+    kinds = {i.id: i.kind for i in store.list()}
+    assert kinds[oom.id] == "oom" and store.read(oom.id) == b'{"kind":"oom"}'
+    on_demand = [i for i, k in kinds.items() if k != "oom"]
+    assert set(on_demand) <= {m.id for m in made[-2:]} and made[-1].id in on_demand
+    # AND OOM records rotate among themselves under their own count
+    later = [store.save({"kind": "oom", "n": i}, kind="oom", model="m") for i in range(3)]
+    ooms = [i.id for i in store.list() if i.kind == "oom"]
+    assert sorted(ooms) == sorted(o.id for o in later[-2:])
+    assert made[-1].id in {i.id for i in store.list()}  # an OOM save never removes on-demand dumps
+
+
+def test_max_oom_files_must_be_positive(tmp_path):
+    with pytest.raises(ValueError):
+        DumpStore(tmp_path, 5, 1 << 20, max_oom_files=0)

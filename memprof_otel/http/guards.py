@@ -1,0 +1,115 @@
+"""The endpoint's edge checks, pure functions of header and query strings: whose ``Host`` a request
+names, what its content type is, whether a query number is a plain finite decimal, what a
+``/v1/timeline`` cursor holds, and the limits the routes and the OpenAPI document share.
+
+They know no route, response or runtime, so ``app.py`` and ``openapi.py`` both import them.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+
+JSON = "application/json"
+LOOPBACK_NAMES = ("localhost",)
+MAX_NUMBER_CHARS = 32      # a query number longer than this is junk, whatever it parses to
+MAX_NAME_CHARS = 256       # model names and other free strings in a query
+TIMELINE_DEFAULT_LIMIT = 500
+TIMELINE_MAX_LIMIT = 5000
+TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both lists together
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+_DECIMAL_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INTEGER_RE = re.compile(r"[+-]?[0-9]{1,18}")
+
+
+def parse_number(raw: str, lo: float, hi: float) -> float | None:
+    """A finite decimal number in [lo, hi], or None. Only plain decimal notation: ``float()`` would
+    also take "nan", "inf", "1_0" and surrounding blanks."""
+    if len(raw) > MAX_NUMBER_CHARS or not _DECIMAL_RE.fullmatch(raw):
+        return None
+    v = float(raw)
+    return v if math.isfinite(v) and lo <= v <= hi else None
+
+
+def parse_integer(raw: str, lo: int, hi: int) -> int | None:
+    if not _INTEGER_RE.fullmatch(raw):
+        return None
+    v = int(raw)
+    return v if lo <= v <= hi else None
+
+
+# ---- other origins: Host (DNS rebinding), Origin and Content-Type (cross-site requests) --------
+
+def host_name(header: str) -> str | None:
+    """The name in a ``Host`` header, lower-cased, without port, brackets or a final dot;
+    None when the header is malformed."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        end = h.find("]")
+        name, rest = (h[1:end], h[end + 1:]) if end > 0 else ("", "x")
+    else:
+        name, sep, port = h.partition(":")
+        rest = sep + port
+    if rest and not (rest[0] == ":" and rest[1:].isdigit() and len(rest) <= 6):
+        return None
+    name = name.rstrip(".")
+    return name if name and len(name) <= 253 else None
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+def host_allowed(header: str | None, bind_host: str | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a request's ``Host`` names this endpoint: a loopback name or address, the bind
+    address, a configured name (``*``: any). On a wildcard bind (0.0.0.0, ::) or when mounted in
+    another server (``bind_host`` None), any IP literal is the endpoint's own address; DNS rebinding
+    needs a name, and names must be listed. No header at all (an HTTP/1.0 tool) is not a browser."""
+    if header is None or "*" in allowed:
+        return True
+    name = host_name(header)
+    if name is None:
+        return False
+    if name in LOOPBACK_NAMES or name in allowed:
+        return True
+    ip = _ip(name)
+    bound = (bind_host or "").strip("[]").lower()
+    if ip is None:
+        return name == bound
+    bound_ip = _ip(bound) if bound else None
+    if ip.is_loopback or bind_host is None or (bound_ip is not None and (bound_ip.is_unspecified or ip == bound_ip)):
+        return True
+    return ip in {_ip(a) for a in allowed}
+
+
+def media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+# ---- /v1/timeline pages ---------------------------------------------------------------------
+
+def make_cursor(t: float, op_id: int) -> str:
+    """A page position: the last sample time and the last operation id already sent."""
+    return f"{t!r}_{op_id}"
+
+
+def parse_cursor(raw: str) -> tuple[float, int] | None:
+    t, sep, op_id = raw.partition("_")
+    if not sep:
+        return None
+    when = parse_number(t, 0.0, 1e12)
+    ident = parse_integer(op_id, 0, 2**62)
+    return None if when is None or ident is None else (when, ident)

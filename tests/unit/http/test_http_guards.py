@@ -1,0 +1,50 @@
+"""The endpoint's edge checks as pure functions: Host names, numbers, cursors."""
+from __future__ import annotations
+
+import pytest
+
+from memprof_otel.http.guards import host_allowed, host_name, media_type, parse_cursor, parse_integer, parse_number
+
+
+@pytest.mark.parametrize("header,name", [
+    ("127.0.0.1:9464", "127.0.0.1"), ("LocalHost", "localhost"), ("[::1]:80", "::1"), ("example.com.", "example.com"),
+    ("a:b", None), ("[::1", None), ("[::1]x", None), ("", None), ("x:", None), ("x:1234567", None),
+])
+def test_host_name(header, name):
+    assert host_name(header) == name
+
+
+@pytest.mark.parametrize("header,bind,allowed,ok", [
+    ("localhost:9464", "127.0.0.1", (), True), ("127.0.0.5", "127.0.0.1", (), True), ("[::1]", "::1", (), True),
+    ("evil.example", "127.0.0.1", (), False), ("evil.example:9464", "0.0.0.0", (), False),
+    ("10.0.0.7:9464", "0.0.0.0", (), True), ("10.0.0.7", "127.0.0.1", (), False), ("10.0.0.7", "10.0.0.7", (), True),
+    ("myhost:1", "myhost", (), True), ("app:9464", "0.0.0.0", ("app",), True), ("x.example", "127.0.0.1", ("*",), True),
+    ("10.0.0.8", "127.0.0.1", ("10.0.0.8",), True), ("192.168.1.2", None, (), True), ("svc.local", None, (), False),
+    (None, "127.0.0.1", (), True), ("127.0.0.1,evil.example", "127.0.0.1", (), False),
+])
+def test_host_allowed(header, bind, allowed, ok):
+    assert host_allowed(header, bind, allowed) is ok
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999", "", " 1", "1_0", "0x1", "\uff11",
+                                 "1" * 40, "-1", "11"])
+def test_parse_number_refuses_non_finite_junk_and_out_of_range(raw):
+    assert parse_number(raw, 0.0, 10.0) is None
+
+
+def test_parse_number_and_integer_accept_plain_decimals():
+    assert parse_number("2.5", 0, 10) == 2.5 and parse_number("1e1", 0, 10) == 10.0 and parse_number(".5", 0, 1) == 0.5
+    assert parse_integer("7", 1, 10) == 7 and parse_integer("+7", 1, 10) == 7
+    assert parse_integer("7.0", 1, 10) is None and parse_integer("1e1", 1, 10) is None
+    assert parse_integer("9" * 19, 1, 10) is None and parse_integer("0", 1, 10) is None
+
+
+def test_cursor_round_trip_and_refusals():
+    assert parse_cursor("1712345678.25_42") == (1712345678.25, 42)
+    for bad in ("", "1", "nan_1", "inf_1", "1_-1", "1_1.5", "1_2_3", "1e999_1", "_", "1_"):
+        assert parse_cursor(bad) is None, bad
+
+
+def test_media_type():
+    assert media_type("Application/JSON; charset=utf-8") == "application/json"
+    assert media_type("") == ""
