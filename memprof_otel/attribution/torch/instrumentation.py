@@ -119,7 +119,7 @@ class Instrumentation:
         self._close_on_release: ForwardState | None = None
         self._handles: list[Any] = []
         # module id -> (one of its tensors,): where a forward opened by that module runs
-        self._device_probes: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._device_probes: dict[int, Callable[[], torch.Tensor | None]] = {}
         self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
@@ -480,12 +480,14 @@ class Instrumentation:
         module: walking ``parameters()`` on every attributed forward cost ~100 us on GPT-2. The
         tensor object is the same after ``model.to(...)`` (its data moves), so its ``device``
         follows the model. Held weakly: a dropped model must not stay alive through us."""
-        ref = self._device_probes.get(id(module))
+        probes = self._device_probes
+        key = id(module)
+        ref = probes.get(key)
         t = ref() if ref is not None else None
-        if t is None:
+        if t is None and (ref is None or ref is not _NO_TENSOR):
             t = _first_tensor(module)
-            if t is not None:
-                self._device_probes[id(module)] = weakref.ref(t)
+            # a module without tensors (all CPU glue) is remembered too: it is walked once
+            probes[key] = weakref.ref(t) if t is not None else _NO_TENSOR
         return _tensor_device(t)
 
     def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None,
@@ -701,6 +703,13 @@ class _InertHook:
 
     def __call__(self, *args: Any) -> None:
         return None
+
+
+def _no_tensor() -> None:
+    return None
+
+
+_NO_TENSOR = _no_tensor  # a "weakref" that is always dead: the module had no tensor
 
 
 def _first_tensor(module: nn.Module) -> torch.Tensor | None:
