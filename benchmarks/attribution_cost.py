@@ -13,6 +13,10 @@ the same model object. Variants:
 * ``noop-hooks``: process-wide module pre/post hooks that do nothing (what any per-module
   accounting pays: every module call leaves ``Module._call_impl``'s fast path);
 * ``floor``: both together, the cost of exact per-layer accounting with nothing counted;
+* ``watch+hooks``: the floor plus each output storage's Python object and a weakref on it (what
+  seeing frees costs before any bookkeeping);
+* ``ledger+hooks``: memprof_otel's tensor ledger as the mode, with the no-op hooks (the ledger's
+  whole per-op cost, without per-layer work);
 * ``every-forward``: memprof_otel with every forward attributed (``every_n_forwards=1``,
   ``overhead_budget=1.0``);
 * ``default``: memprof_otel as shipped (sampled under a 0.2 % budget).
@@ -31,6 +35,7 @@ import os
 import platform
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -43,6 +48,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
+from memprof_otel.sources.ledger import LedgerMode, TensorLedger  # noqa: E402
 
 from ._paired import paired  # noqa: E402
 from .overhead import gpt2, gpt2_workloads  # noqa: E402
@@ -60,6 +66,28 @@ class _BareMode(TorchDispatchMode):
         return func._op(*args, **(kwargs or {}))
 
 
+class _WatchMode(_BareMode):
+    """The bare mode plus what watching storages needs: each output's storage object and a weakref
+    with a callback on it (what the ledger pays before any bookkeeping of its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: dict[int, Any] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        out = func._op(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            st = out.untyped_storage()
+            if id(st) not in self.refs:
+                self.refs[id(st)] = weakref.ref(st, _noop_cb)
+        return out
+
+
+def _noop_cb(ref: Any) -> None:
+    return None
+
+
 def _noop_pre(module: Any, args: Any) -> None:
     return None
 
@@ -69,14 +97,14 @@ def _noop_post(module: Any, args: Any, output: Any) -> None:
 
 
 @contextmanager
-def _floor(mode: bool, hooks: bool) -> Iterator[None]:
+def _floor(mode: Any, hooks: bool) -> Iterator[None]:
     handles = []
     if hooks:
         handles = [register_module_forward_pre_hook(_noop_pre),
                    register_module_forward_hook(_noop_post, always_call=True)]
     try:
         if mode:
-            with _BareMode():
+            with mode():
                 yield
         else:
             yield
@@ -85,7 +113,7 @@ def _floor(mode: bool, hooks: bool) -> Iterator[None]:
             h.remove()
 
 
-def _wrapped(fn: Callable[[], None], mode: bool, hooks: bool) -> Callable[[], None]:
+def _wrapped(fn: Callable[[], None], mode: Any, hooks: bool) -> Callable[[], None]:
     # the mode and hooks wrap each whole workload item; for decode that is 17 forwards plus the
     # argmax between them, so the floor slightly overstates (the argmax runs under the mode too)
     def go() -> None:
@@ -102,7 +130,18 @@ def _twin(fn: Callable[[], None]) -> Callable[[], None]:
 
 
 PLAN = {"prefill (1x128 tokens)": (16, 2), "decode (8 + 16 steps, KV cache)": (16, 1)}
-FLOOR = {"bare-mode": (True, False), "noop-hooks": (False, True), "floor": (True, True)}
+def _ledger_mode() -> LedgerMode:
+    return LedgerMode(TensorLedger("cpu"))
+
+
+# variant -> (dispatch mode class or factory, global no-op hooks)
+FLOOR: dict[str, tuple[Any, bool]] = {
+    "bare-mode": (_BareMode, False),
+    "noop-hooks": (None, True),
+    "floor": (_BareMode, True),
+    "watch+hooks": (_WatchMode, True),     # the floor plus storage objects and weakrefs
+    "ledger+hooks": (_ledger_mode, True),  # memprof's ledger, with hooks that count nothing
+}
 
 
 def run_eager(variants: list[str], threads: int, quick: bool, clock: Any) -> list[dict[str, Any]]:
