@@ -129,6 +129,25 @@ def _twin(fn: Callable[[], None]) -> Callable[[], None]:
     return go
 
 
+def _instrumented(name: str, model: Any, fn: Callable[[], None], variant: str, pairs: int, block: int,
+                  clock: Any) -> Any:
+    """memprof_otel on ``model`` (``default`` or ``every-forward``) against the same model with
+    the instrumentation paused, in paired blocks; uninstrumented afterwards."""
+    extra = {} if variant == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
+    h = mp.instrument(model, name=f"cost-{variant}-{id(model)}", **extra)
+    try:
+        def plain() -> None:
+            h.pause()
+            fn()
+
+        def inst() -> None:
+            h.resume()
+            fn()
+        return paired(name, plain, inst, pairs=pairs, block=block, clock=clock)
+    finally:
+        h.uninstrument()
+
+
 PLAN = {"prefill (1x128 tokens)": (16, 2), "decode (8 + 16 steps, KV cache)": (16, 1)}
 def _ledger_mode() -> LedgerMode:
     return LedgerMode(TensorLedger("cpu"))
@@ -160,19 +179,7 @@ def run_eager(variants: list[str], threads: int, quick: bool, clock: Any) -> lis
                 elif v in FLOOR:
                     r = paired(name, fn, _wrapped(fn, *FLOOR[v]), pairs=pairs, block=block, clock=clock)
                 else:
-                    extra = {} if v == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
-                    h = mp.instrument(model, name=f"cost-{v}", **extra)
-                    try:
-                        def plain(h: Any = h) -> None:
-                            h.pause()
-                            fn()
-
-                        def inst(h: Any = h) -> None:
-                            h.resume()
-                            fn()
-                        r = paired(name, plain, inst, pairs=pairs, block=block, clock=clock)
-                    finally:
-                        h.uninstrument()
+                    r = _instrumented(name, model, fn, v, pairs, block, clock)
                 print(r.row(), flush=True)
                 results.append({"name": name, "variant": v, "threads": threads, "plain_ms": r.plain_s * 1e3,
                                 "median_overhead": r.median_overhead, "total_overhead": r.total_overhead,
@@ -199,19 +206,7 @@ def run_compiled(threads: int, quick: bool, clock: Any) -> list[dict[str, Any]]:
             if v == "aa-control":
                 r = paired(name, fn, _twin(fn), pairs=pairs, block=2, clock=clock)
             else:
-                extra = {} if v == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
-                h = mp.instrument(compiled, name=f"cost-compiled-{v}", **extra)
-                try:
-                    def plain(h: Any = h) -> None:
-                        h.pause()
-                        fn()
-
-                    def inst(h: Any = h) -> None:
-                        h.resume()
-                        fn()
-                    r = paired(name, plain, inst, pairs=pairs, block=2, clock=clock)
-                finally:
-                    h.uninstrument()
+                r = _instrumented(name, compiled, fn, v, pairs, 2, clock)
             print(r.row(), flush=True)
             results.append({"name": name, "variant": v, "threads": threads, "plain_ms": r.plain_s * 1e3,
                             "median_overhead": r.median_overhead, "total_overhead": r.total_overhead,
