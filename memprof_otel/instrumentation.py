@@ -17,13 +17,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
-from torch._dynamo.eval_frame import OptimizedModule as _OptimizedModule
-from torch._dynamo.eval_frame import skip_code as _skip_code
-from torch.compiler import is_compiling as _is_compiling
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from . import hooks
+from . import _torch_compat, hooks
+from ._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
+from ._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
+from ._torch_compat import skip_code as _skip_code
 from ._log import rate_limited
 from .attribution.scheduler import AttributionScheduler
 from .attribution.selection import OTHER, select_layers
@@ -37,6 +35,7 @@ from .sources import registry
 from .sources.glibc import HeapLevelCounter
 from .sources.ledger import LedgerMode, TensorLedger
 
+_LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
@@ -97,7 +96,7 @@ class Instrumentation:
         self._observers: list[Any] = []
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
-        if acfg.enabled:
+        if acfg.enabled and "dynamo" not in _torch_compat.missing():
             # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
             # here, at setup, rather than inside the first attributed forward of a live server
             import torch._dynamo  # noqa: F401
@@ -479,7 +478,7 @@ class Instrumentation:
             counter = registry.cuda_allocator(device.index or 0)
             if counter is None:
                 return
-            if cap is not None:  # the per-op view of a capture needs the ledger on CUDA too
+            if cap is not None and _LEDGER_DOWN is None:  # a capture's per-op view needs the ledger on CUDA too
                 mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
                 max_entries = self.config.dumps.cuda_history_max_entries
                 if cap.history is None and max_entries > 0:  # on for the capture window only
@@ -487,6 +486,9 @@ class Instrumentation:
                     if cap.history is not None:
                         cap.history.start()
         else:
+            if _LEDGER_DOWN is not None:  # no TorchDispatchMode in this torch: root-level figures
+                self._begin_compiled(module, path, t)  # from the host heap, as for compiled code
+                return
             counter = TensorLedger(device.type)
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
             host = registry.host_allocator()
@@ -616,7 +618,7 @@ def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, und
     return None
 
 
-_hook_body_untraced = torch.compiler.disable(_hook_body)
+_hook_body_untraced = _torch_compat.compiler_disable(_hook_body)
 _skip_code(_RootHook.__call__.__code__)
 
 
@@ -727,3 +729,15 @@ def _connect(h: Instrumentation) -> None:
 
     runtime().ensure_started(h.config)
     h._observers += [recorder, layer_time_observer]
+    _report_degradations(h)
+
+
+def _report_degradations(h: Instrumentation) -> None:
+    """Say once, in the log and in ``memprof_source_up``, what this torch cannot give us."""
+    if _LEDGER_DOWN is not None and h.config.attribution.enabled:
+        registry.mark_down("ledger", _LEDGER_DOWN)
+        _torch_compat.warn_once("ledger", "memprof_otel: per-layer attribution on CPU is off: %s; "
+                                "root-level figures (host heap), the sampler and CUDA attribution still run", _LEDGER_DOWN)
+    if "dynamo" in _torch_compat.missing():
+        _torch_compat.warn_once("dynamo", "memprof_otel: %s; torch.compile'd models are not supported",
+                                _torch_compat.missing()["dynamo"])
