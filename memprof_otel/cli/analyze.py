@@ -78,10 +78,22 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
     return "\n".join(lines)
 
 
+def _require_matplotlib() -> None:
+    """Before anything is read or printed: a plot asked for without the ``plots`` extra is a usage
+    error (exit 2), not a report followed by a traceback."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CommandError("--png needs matplotlib, which is not installed: "
+                           "pip install 'memprof-otel[plots]'", EXIT_USAGE) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ..report import format_report
     from ..timeline import Timeline
 
+    if args.png:
+        _require_matplotlib()
     doc = load(args.timeline)
     samples, ops = parse_records(doc, args.timeline)
     layers = format_layers(doc, args.top)

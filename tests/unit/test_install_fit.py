@@ -235,3 +235,43 @@ def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
     assert "metrics_ok True" in r.stdout and "otel_running True" in r.stdout
     lines = [ln for ln in r.stderr.splitlines() if "grpc extra" in ln]
     assert len(lines) == 1 and "pip install 'memprof-otel[grpc]'" in lines[0], r.stderr
+
+
+# ---- the test command's install step -----------------------------------------------------------
+
+def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """scripts/install-and-test.sh run as is, in a copy of the repo layout where ``.venv/bin/python``
+    records its arguments instead of installing, and promtool/prometheus are present."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "install-and-test.sh"
+    script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
+    log = tmp_path / "calls.log"
+    bindir = tmp_path / ".venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("promtool", "prometheus"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+    for f in [bindir / "python", tools / "promtool", tools / "prometheus"]:
+        f.chmod(0o755)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC")}
+    full_env.update({"PATH": f"{tools}:{os.environ['PATH']}", **env})
+    r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
+                       env=full_env)
+    assert r.returncode == 0, r.stderr
+    return log.read_text().splitlines()
+
+
+def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
+    torch_line, project_line, pytest_line = calls
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
+    assert torch_line.endswith("torch==2.13.0")
+    assert "-e .[all]" in project_line and "--index-url" not in project_line
+    assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
+
+
+def test_install_script_without_an_index_uses_pips_own(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0"})
+    assert "--index-url" not in calls[0] and calls[0].endswith("torch==2.14.0")

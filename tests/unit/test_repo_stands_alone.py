@@ -64,8 +64,8 @@ def test_the_outside_reference_check_catches_what_it_should(tmp_path: Path):
     deep = REPO / "tests" / "unit" / "x.py"
     top = REPO / "x.md"
     assert outside_references(deep, 'open("/wo' 'rk/contract.md")')
-    assert outside_references(deep, 'Path(__file__).resolve().parents[3] / "x"')
-    assert not outside_references(deep, 'Path(__file__).resolve().parents[2] / "x"')
+    assert outside_references(deep, 'Path(__file__).resolve()' '.parents[3] / "x"')
+    assert not outside_references(deep, 'Path(__file__).resolve()' '.parents[2] / "x"')
     assert outside_references(top, "see [the contract](../" "shared/contract.md)")
     assert outside_references(top, "[x](../elsewhere/y.md)")
     assert not outside_references(top, "[x](docs/reference.md) /proc/self/status /usr/bin/promtool /tmp/x")
