@@ -27,7 +27,7 @@ from .attribution.scheduler import AttributionScheduler
 from .attribution.selection import OTHER, select_layers
 from .attribution.stats import LayerAccumulator, LayerMemoryStats
 from .attribution.windows import WindowFigures, WindowedPeaks
-from .config import Config, load_config
+from .config import Config
 from .capture import Capture
 from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState, event_dict
@@ -689,15 +689,15 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
     """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
     if not isinstance(model, nn.Module):
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
+    from .runtime import runtime
+
     if config is None:
         # a config given to start_monitoring() is the process's: models instrumented later use it
-        from .runtime import runtime
-
         config = runtime().config
     if isinstance(config, Config) and not overrides:
         cfg = config
-    else:
-        cfg = load_config(config, **overrides)
+    else:  # the caller's config and kwargs strict; a bad MEMPROF_OTEL_* never stops the model
+        cfg = runtime().resolve_config(config, **overrides)
     if name is not None and (not isinstance(name, str) or not name):
         raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
     existing = _INSTRUMENTED.get(model)

@@ -93,7 +93,15 @@ def make_registry(rt: "Runtime", layers: bool = True) -> CollectorRegistry:
 
 def render_exposition(rt: "Runtime", registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
-    prometheus_client's encoder, plus the per-layer families through the fast writer."""
+    prometheus_client's encoder, plus the per-layer families through the fast writer.
+
+    With ``prometheus.enabled: false`` there is no exposition: the endpoint answers 404 (an
+    OTLP-only deployment then serves no unauthenticated route that shows its figures)."""
+    if rt.config is not None and not rt.config.prometheus.enabled:
+        from .http_app import HttpError  # loaded already: only the endpoint calls this
+
+        raise HttpError(404, "prometheus_disabled", "the Prometheus exposition is off "
+                        "(prometheus.enabled: false); figures go out over OTLP only")
     encoder, content_type = choose_encoder(accept)
     body = encoder(registry)
     try:

@@ -17,6 +17,7 @@ from .alerts import FIRING, RESOLVED, AlertEngine, Transition
 from .config import WatchdogConfig, WatchdogRule
 from .series import Labels
 from .timeline import Sample
+from .units import format_metric_value
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -36,6 +37,11 @@ def remove_alert_callback(fn: AlertCallback) -> None:
         _callbacks.remove(fn)
     except ValueError:
         pass
+
+
+def _labels(labels: dict[str, str]) -> str:
+    """``{device="cuda:0"}`` as in PromQL, or nothing."""
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
 
 
 class Watchdog:
@@ -79,14 +85,16 @@ class Watchdog:
                  "threshold": r.threshold, "value": tr.value, "labels": tr.labels, "at": tr.at}
         if tr.new == RESOLVED:
             if "log" in r.actions:
-                log.info("memprof_otel: alert %s resolved (%s = %s)", r.name, r.metric, tr.value)
+                log.info("memprof_otel: alert %s resolved (%s%s = %s)", r.name, r.metric, _labels(tr.labels),
+                         format_metric_value(r.metric, tr.value))
             return
         for action in r.actions:
             try:
                 if action == "log":
                     level = logging.ERROR if r.severity == "critical" else logging.WARNING
                     log.log(level, "memprof_otel: alert %s firing: %s%s %s %s (value %s)", r.name, r.metric,
-                            tr.labels or "", r.op, r.threshold, tr.value)
+                            _labels(tr.labels), r.op, format_metric_value(r.metric, r.threshold),
+                            format_metric_value(r.metric, tr.value))
                 elif action == "span_event" and self._rt.otel is not None:
                     self._rt.otel.span_event("memprof.alert", {
                         "memprof.alert.rule": r.name, "memprof.alert.severity": r.severity,
