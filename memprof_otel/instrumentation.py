@@ -8,6 +8,7 @@ pushes the tensor ledger; the root post-hook undoes both and folds the calls int
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -24,7 +25,7 @@ from ._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mo
 from ._torch_compat import skip_code as _skip_code
 from ._log import rate_limited
 from .attribution.scheduler import AttributionScheduler
-from .attribution.selection import OTHER, select_layers
+from .attribution.selection import OTHER, filters_selecting_nothing, select_layers
 from .attribution.stats import LayerAccumulator, LayerMemoryStats
 from .attribution.windows import WindowFigures, WindowedPeaks
 from .config import Config
@@ -35,11 +36,19 @@ from .sources import registry
 from .sources.glibc import HeapLevelCounter
 from .sources.ledger import LedgerMode, TensorLedger
 
+_log = logging.getLogger("memprof_otel")
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
+
+
+def _example_paths(mods: dict[str, Any], n: int = 4) -> str:
+    """A few module paths of the model, so a filter that matches nothing can be fixed at once."""
+    paths = [p for p in mods if p]
+    more = f", ... {len(paths)} in all" if len(paths) > n else ""
+    return "its paths look like " + ", ".join(repr(p) for p in paths[:n]) + more if paths else "no submodules"
 
 
 def live_instrumentations() -> dict[str, "Instrumentation"]:
@@ -73,6 +82,10 @@ class Instrumentation:
         named = select_layers((p for p, _ in tree.named_modules()), max_depth=acfg.max_depth,
                               include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
         mods = dict(tree.named_modules())
+        for problem in filters_selecting_nothing(mods, max_depth=acfg.max_depth, include=acfg.include,
+                                                 exclude=acfg.exclude):
+            _log.warning("memprof_otel: model %r: %s (%s); unselected layers count in their nearest "
+                         "tracked ancestor", name, problem, _example_paths(mods))
         self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
         self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)

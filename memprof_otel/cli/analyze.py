@@ -60,9 +60,13 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
     lines = [f"LAYERS: model {s.get('model', doc.get('model', '?'))!r} on {s.get('device', '?')} "
              f"({s.get('method', '?')})"]
     if s:
-        lines.append(f"  forwards: {s.get('forwards', 0)} ({s.get('attributed_forwards', 0)} attributed), "
-                     f"forward peak: +{format_bytes(s.get('forward_peak_increase_bytes', 0))}, "
-                     f"overhead {float(s.get('overhead_ratio', 0.0)):.2%}")
+        from ..summary import overhead_line
+
+        steady = s.get("steady_overhead_ratio", s.get("overhead_ratio"))  # older files: the total
+        lines.append(overhead_line(int(s.get("forwards", 0)), int(s.get("attributed_forwards", 0)),
+                                   None if steady is None else float(steady),
+                                   float(s.get("first_forward_overhead_seconds", 0.0))))
+        lines.append(f"  forward peak: +{format_bytes(s.get('forward_peak_increase_bytes', 0))}")
     rows = sorted(((k, v) for k, v in (stats or {}).items() if k and isinstance(v, dict)),
                   key=lambda kv: kv[1].get("peak_increase", 0), reverse=True)[:max(0, top)]
     if not rows:
