@@ -31,7 +31,7 @@ from .attribution.windows import WindowFigures, WindowedPeaks
 from .config import Config
 from .capture import Capture
 from .errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
-from .forward_state import ForwardState, event_dict
+from .forward_state import ForwardState, event_capacity, event_dict
 from .sources import registry
 from .sources.glibc import HeapLevelCounter
 from .sources.ledger import LedgerMode, TensorLedger
@@ -93,7 +93,8 @@ class Instrumentation:
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
         self._windows = WindowedPeaks(acfg.window, time.perf_counter())
-        self._events: deque[tuple] = deque(maxlen=acfg.max_events)  # compact: see forward_state
+        # compact tuples (see forward_state), bounded by count and by bytes, whichever is smaller
+        self._events: deque[tuple] = deque(maxlen=event_capacity(acfg.max_events, acfg.max_event_bytes))
         self._events_lock = threading.Lock()
         self.events_dropped = 0
         self.hook_errors = 0
@@ -508,7 +509,7 @@ class Instrumentation:
             if host is not None:
                 baseline = int(host.refresh()["allocated_bytes"])
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
-                             self._count_error, record_events=self.config.attribution.max_events > 0)
+                             self._count_error, record_events=self._events.maxlen != 0)
         if cap is not None:
             state.listener = cap
             if mode is not None:
@@ -545,7 +546,7 @@ class Instrumentation:
         if counter is None:
             return
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
-                             self._count_error, record_events=self.config.attribution.max_events > 0)
+                             self._count_error, record_events=self._events.maxlen != 0)
         self._tls.state = state
         state.begin(t)
 
