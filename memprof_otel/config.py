@@ -259,7 +259,7 @@ class AttributionConfig:
     window: float = _f(60.0, _duration(1.0, 86400.0), "seconds per peak window for exported peaks")
     max_layers: int = _f(500, _int(1, 100_000), "distinct layers exported; the rest fold into __other__")
     max_events: int = _f(100_000, _int(0, 100_000_000), "timeline events kept (oldest dropped, counted)")
-    max_event_bytes: int = _f(8 << 20, _size, "memory the timeline events may hold (oldest dropped, counted)")
+    max_event_bytes: int = _f(4 << 20, _size, "memory the timeline events may hold (oldest dropped, counted)")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,9 @@ class MemoryProbe(Protocol):
 class OperationTracker:
     """Open and finished operations; finished ones are kept in a bounded deque."""
 
-    def __init__(self, probe: MemoryProbe, max_records: int = 10_000) -> None:
+    # ~1.1 KiB per finished record (measured with tracemalloc): 2,000 keep ~2.2 MiB, the report's
+    # and /v1/timeline's recent history, inside the library's memory budget (docs/benchmarks.md)
+    def __init__(self, probe: MemoryProbe, max_records: int = 2_000) -> None:
         self.probe = probe
         self.spans: SpanHooks | None = None
         self._ids = itertools.count(1)
@@ -193,7 +195,10 @@ class operation:
                 token = tracker.spans.activate(span)
             except Exception as e:
                 tracker._count("span-start", e)
-        self._stacks.set(self._stacks.get() + ((rec, _current.set(rec), span, token),))
+        entry = [rec, _current.set(rec), span, token, None]
+        # the token lets __exit__ take the variable out of the context again: a context keeps every
+        # variable ever set in it, and each operation object has its own (~170 B per operation)
+        entry[4] = self._stacks.set(self._stacks.get() + (entry,))
         return rec
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
@@ -202,8 +207,11 @@ class operation:
             return
         from .runtime import runtime
 
-        rec, ctx_token, span, token = stack[-1]
-        self._stacks.set(stack[:-1])
+        rec, ctx_token, span, token, stack_token = stack[-1]
+        try:
+            self._stacks.reset(stack_token)  # back to unset when this was the outermost entry
+        except (ValueError, RuntimeError):  # exited in another context or out of order
+            self._stacks.set(stack[:-1])
         tracker = runtime().operations_tracker()
         try:
             _current.reset(ctx_token)

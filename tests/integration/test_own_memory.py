@@ -52,3 +52,24 @@ def test_no_event_buffer_when_the_bound_is_zero():
         m(torch.randn(1, 8))
         assert h.events() == [] and h.events_dropped == 0
         assert "" in h.layer_stats()
+
+
+def test_operations_leave_nothing_behind_in_the_context():
+    import contextvars
+
+    mp.start_monitoring({"sampler": {"interval": "1s"}})
+    ctx = contextvars.copy_context()
+    before = len(ctx)
+
+    def body() -> None:
+        for i in range(500):
+            with mp.operation("step", i=i):      # a new operation object every time (the usual way)
+                with mp.operation("inner"):
+                    pass
+        shared = mp.operation("shared")
+        with shared:
+            with shared:                           # re-entered: exits restore in order
+                pass
+
+    ctx.run(body)
+    assert len(ctx) <= before + 1, len(ctx) - before  # at most the current-operation variable
