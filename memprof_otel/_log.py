@@ -32,3 +32,16 @@ class RateLimitedLog:
 
 
 rate_limited = RateLimitedLog()
+
+
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(key: str, msg: str, *args: object) -> None:
+    """One WARNING per process for ``key`` (a degradation is worth saying once, not per forward)."""
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(msg, *args)

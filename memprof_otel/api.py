@@ -31,7 +31,12 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
     rt = runtime()
     # a config given to start_monitoring() is the process's: models instrumented later use it (not
     # one adopted from an earlier instrument() call, whose overrides belong to that model)
-    h = attach(model, name, rt.monitoring_config if config is None else config, **overrides)
+    if config is None:
+        config = rt.monitoring_config
+    if not (isinstance(config, Config) and not overrides):
+        # the caller's config and kwargs strict; a bad MEMPROF_OTEL_* never stops the model
+        config = rt.resolve_config(config, **overrides)
+    h = attach(model, name, config)
     rt.connect(h)
     return h
 
@@ -142,15 +147,21 @@ class operation:
                 token = tracker.spans.activate(span)
             except Exception as e:
                 tracker.count_error("span-start", e)
-        self._stacks.set(self._stacks.get() + ((rec, set_current(rec), span, token),))
+        entry = [rec, set_current(rec), span, token, None]
+        # the token lets __exit__ take the variable out of the context again: a context keeps every
+        # variable ever set in it, and each operation object has its own (~170 B per operation)
+        entry[4] = self._stacks.set(self._stacks.get() + (entry,))
         return rec
 
     def __exit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
         stack = self._stacks.get()
         if not stack:
             return
-        rec, ctx_token, span, token = stack[-1]
-        self._stacks.set(stack[:-1])
+        rec, ctx_token, span, token, stack_token = stack[-1]
+        try:
+            self._stacks.reset(stack_token)  # back to unset when this was the outermost entry
+        except (ValueError, RuntimeError):  # exited in another context or out of order
+            self._stacks.set(stack[:-1])
         tracker = runtime().operations_tracker()
         reset_current(ctx_token)
         if tracker is None:

@@ -1,7 +1,11 @@
-"""Configuration: frozen dataclasses, loaded from YAML < env ``MEMPROF_OTEL_*`` < keyword overrides.
+"""Configuration: frozen dataclasses, loaded from defaults < YAML file < env ``MEMPROF_OTEL_*`` <
+keyword overrides. The file is the one passed in, or else the one ``MEMPROF_OTEL_CONFIG`` names.
 
 Every value passes through a parser named in the field's metadata, so a bad value raises
 ``ConfigError`` naming its dotted key (``attribution.overhead_budget``) whatever its origin.
+``load_config`` is strict about everything. ``load_config_tolerant`` (what ``instrument()`` and
+``start_monitoring()`` use) is strict about what the caller passed but never lets the environment
+stop monitoring: a bad or unknown environment value is returned as an error and left out.
 """
 from __future__ import annotations
 
@@ -18,9 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .metric_names import BY_PROM, METRICS
 from .units import parse_bytes, parse_duration
 
 ENV_PREFIX = "MEMPROF_OTEL_"
+CONFIG_FILE_ENV = "MEMPROF_OTEL_CONFIG"  # a YAML file, used when no file or mapping is passed
+# (source, error): a value the tolerant loader left out; source is "env" (a variable) or "file"
+# (the file MEMPROF_OTEL_CONFIG names)
+IgnoredValue = tuple[str, ConfigError]
 
 
 # ---- value parsers: each takes the raw value and returns the typed one or raises ValueError ----
@@ -262,6 +271,7 @@ def parse_rule(raw: Any, where: str) -> WatchdogRule:
     labels = raw.get("labels")
     labels = {} if labels is None else labels  # an empty YAML key; but [] or "" are not label sets
     _check_labels(labels, f"{where}.labels")
+    _check_watchable(metric, labels, where)
     return WatchdogRule(name, metric, op, threshold, for_s, severity, tuple(actions), tuple(sorted(labels.items())))
 
 
@@ -273,6 +283,26 @@ def _check_labels(labels: Any, where: str) -> None:
             raise ConfigError(where, f"label names must be Prometheus label names, got {_shown(k)}")
         if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE_CHARS:
             raise ConfigError(f"{where}.{k}", f"must be a string of at most {MAX_LABEL_VALUE_CHARS} chars")
+
+
+def _check_watchable(metric: str, labels: Mapping[str, str], where: str) -> None:
+    """A rule must watch a series the watchdog sees: a gauge or counter of the metric catalog
+    (a rule on a name that does not exist would never fire, and nobody would be told)."""
+    d = BY_PROM.get(metric)
+    if d is None:
+        raise ConfigError(f"{where}.metric", f"unknown metric {_shown(metric)}: rules watch the memprof_* "
+                          "gauges and counters of docs/metrics.md")
+    if d.kind not in WATCHABLE_KINDS:
+        watchable = sum(1 for m in METRICS if m.kind in WATCHABLE_KINDS)
+        raise ConfigError(f"{where}.metric", f"{metric} is a {d.kind}; rules watch gauges and counters "
+                          f"({watchable} metrics)")
+    unknown = sorted(set(labels) - set(d.labels))
+    if unknown:
+        raise ConfigError(f"{where}.labels", f"{metric} has no label {', '.join(unknown)} "
+                          f"(its labels: {', '.join(d.labels) or 'none'})")
+
+
+WATCHABLE_KINDS = ("gauge", "counter")
 
 
 def _rules(v: Any) -> tuple[WatchdogRule, ...]:
@@ -314,6 +344,7 @@ class AttributionConfig:
     window: float = _f(60.0, _duration(1.0, 86400.0), "seconds per peak window for exported peaks")
     max_layers: int = _f(500, _int(1, 100_000), "distinct layers exported; the rest fold into __other__")
     max_events: int = _f(100_000, _int(0, 100_000_000), "timeline events kept (oldest dropped, counted)")
+    max_event_bytes: int = _f(4 << 20, _size, "memory the timeline events may hold (oldest dropped, counted)")
 
 
 @dataclass(frozen=True)
@@ -329,7 +360,7 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class PrometheusConfig:
-    enabled: bool = _f(True, _bool, "serve /metrics")
+    enabled: bool = _f(True, _bool, "serve /metrics (false: /metrics answers 404; OTLP only)")
     max_operations: int = _f(50, _int(1, 10_000), "distinct operation label values; the rest fold")
 
 
@@ -408,44 +439,72 @@ def _flat_key_index() -> dict[str, str]:
     return {k: v[0] for k, v in seen.items() if len(v) == 1}
 
 
-def _merge_layer(acc: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str) -> None:
-    """Fold one layer (file, env, kwargs) into ``acc``: section -> key -> (raw value, origin key)."""
+def _merge_layer(acc: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str,
+                 ignored: list[IgnoredValue] | None = None, source: str = "") -> None:
+    """Fold one layer (file, env, kwargs) into ``acc``: section -> key -> (raw value, origin key).
+
+    With ``ignored`` (tolerant), a value that is unknown or does not parse is appended there as
+    ``(source, error)`` and left out, so the value below it (another layer's, or the default) stays.
+    """
     flat = _flat_key_index()
+
+    def put(section: str, key: str, value: Any, where: str) -> None:
+        if ignored is not None:
+            f = _field_names(Config if section == "" else _SECTIONS[section])[key]
+            try:
+                _parse_field(f, value, where)
+            except ConfigError as e:
+                ignored.append((source, e))
+                return
+        acc.setdefault(section, {})[key] = (value, where)
+
     for key, value in layer.items():
-        if key == "service_name":
-            where = f"{ENV_PREFIX}SERVICE_NAME" if origin == "env" else "service_name"
-            acc.setdefault("", {})["service_name"] = (value, where)
-        elif key in _SECTIONS:
-            if value is None:
-                continue
-            if not isinstance(value, Mapping):
-                raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
-            known = _field_names(_SECTIONS[key])
-            for k, v in value.items():
-                if k not in known:
-                    raise ConfigError(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
-                where = f"{ENV_PREFIX}{key}_{k}".upper() if origin == "env" else f"{key}.{k}"
-                acc.setdefault(key, {})[k] = (v, where)
-        elif origin == "kwargs" and key in flat:  # keyword override by bare name
-            acc.setdefault(flat[key], {})[key] = (value, f"{flat[key]}.{key}")
-        else:
-            raise ConfigError(key, "unknown config key")
+        try:
+            if key == "service_name":
+                put("", "service_name", value, f"{ENV_PREFIX}SERVICE_NAME" if origin == "env" else "service_name")
+            elif key in _SECTIONS:
+                if value is None:
+                    continue
+                if not isinstance(value, Mapping):
+                    raise ConfigError(key, f"must be a mapping, got {type(value).__name__}")
+                known = _field_names(_SECTIONS[key])
+                for k, v in value.items():
+                    where = f"{ENV_PREFIX}{key}_{k}".upper() if origin == "env" else f"{key}.{k}"
+                    if k not in known:
+                        err = ConfigError(f"{key}.{k}", f"unknown key (known: {', '.join(known)})")
+                        if ignored is None:
+                            raise err
+                        ignored.append((source, err))
+                        continue
+                    put(key, k, v, where)
+            elif origin == "kwargs" and key in flat:  # keyword override by bare name
+                acc.setdefault(flat[key], {})[key] = (value, f"{flat[key]}.{key}")
+            else:
+                raise ConfigError(key, "unknown config key")
+        except ConfigError as e:
+            if ignored is None:
+                raise
+            ignored.append((source, e))
 
 
-def _env_layer(environ: Mapping[str, str]) -> dict[str, Any]:
+def _env_layer(environ: Mapping[str, str], ignored: list[IgnoredValue] | None = None) -> dict[str, Any]:
     layer: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
-        if rest == "debug":  # the CLI's traceback switch, not a config key
+        if rest in ("debug", "config"):  # the CLI's traceback switch and the file pointer: not keys
             continue
         if rest == "service_name":
             layer["service_name"] = value
             continue
         section, _, key = rest.partition("_")
         if section not in _SECTIONS or key not in _field_names(_SECTIONS[section]):
-            raise ConfigError(name, "unknown environment variable (MEMPROF_OTEL_<SECTION>_<KEY>)")
+            err = ConfigError(name, "unknown environment variable (MEMPROF_OTEL_<SECTION>_<KEY>)")
+            if ignored is None:
+                raise err
+            ignored.append(("env", err))
+            continue
         layer.setdefault(section, {})[key] = value
     return layer
 
@@ -494,13 +553,34 @@ def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     return dict(data)
 
 
-def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config | None = None,
-                *, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-    """Build a Config: file or mapping < env ``MEMPROF_OTEL_*`` < ``overrides``.
+ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | Config | None
 
+
+def load_config(source: ConfigSource = None, *, environ: Mapping[str, str] | None = None,
+                **overrides: Any) -> Config:
+    """Build a Config: defaults < file or mapping < env ``MEMPROF_OTEL_*`` < ``overrides``.
+
+    With no ``source``, the file ``MEMPROF_OTEL_CONFIG`` names (if set) is the file layer.
     ``overrides`` take section mappings (``attribution={"every_n_forwards": 1}``) or bare keys that
-    belong to one section (``every_n_forwards=1``).
+    belong to one section (``every_n_forwards=1``). Strict: anything unknown or bad raises
+    ``ConfigError`` naming the key, the variable or the file.
     """
+    return _load(source, os.environ if environ is None else environ, overrides, None)
+
+
+def load_config_tolerant(source: ConfigSource = None, *, environ: Mapping[str, str] | None = None,
+                         **overrides: Any) -> tuple[Config, list[IgnoredValue]]:
+    """``load_config`` for starting monitoring inside someone else's process: what the caller
+    passed (``source``, ``overrides``) is still strict, but the environment — the ``MEMPROF_OTEL_*``
+    variables and the file ``MEMPROF_OTEL_CONFIG`` names — can never stop it. Each unknown or bad
+    value there is left out (the value below it is kept) and returned as ``(source, error)``."""
+    ignored: list[IgnoredValue] = []
+    cfg = _load(source, os.environ if environ is None else environ, overrides, ignored)
+    return cfg, ignored
+
+
+def _load(source: ConfigSource, environ: Mapping[str, str], overrides: Mapping[str, Any],
+          ignored: list[IgnoredValue] | None) -> Config:
     acc: dict[str, dict[str, tuple[Any, str]]] = {}
     if isinstance(source, Config):
         _merge_layer(acc, _config_as_layer(source), "")
@@ -508,9 +588,26 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config | No
         _merge_layer(acc, source, "")
     elif source is not None:
         _merge_layer(acc, _read_file(source), "")
-    _merge_layer(acc, _env_layer(os.environ if environ is None else environ), "env")
+    elif environ.get(CONFIG_FILE_ENV):
+        _merge_env_file(acc, environ[CONFIG_FILE_ENV], ignored)
+    _merge_layer(acc, _env_layer(environ, ignored), "env", ignored, "env")
     _merge_layer(acc, overrides, "kwargs")
     return _build(acc)
+
+
+def _merge_env_file(acc: dict[str, dict[str, tuple[Any, str]]], path: str,
+                    ignored: list[IgnoredValue] | None) -> None:
+    """The file ``MEMPROF_OTEL_CONFIG`` names; an unreadable one is a ConfigError naming the
+    variable (tolerant: ignored, the defaults kept)."""
+    try:
+        layer = _read_file(path)
+    except ConfigError as e:
+        err = ConfigError(CONFIG_FILE_ENV, str(e))
+        if ignored is None:
+            raise err from None
+        ignored.append(("file", err))
+        return
+    _merge_layer(acc, layer, "", ignored, "file")
 
 
 def _config_as_layer(cfg: Config) -> dict[str, Any]:

@@ -11,6 +11,7 @@ bounded time and also runs at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import logging
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from ._log import rate_limited
 from ._version import __version__
 from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
-from .config import Config, DumpsConfig, load_config
+from .config import Config, ConfigError, DumpsConfig, load_config_tolerant
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
 from .export.otel import OtelExporter
@@ -33,6 +34,8 @@ from .telemetry.sampler import Sampler, SourceSpec, check_gpus
 from .telemetry.series import LayerView, SelfView, Series, build_series
 from .timeline import OperationRecord, Sample
 from .watchdog.adapter import AlertCallback, Watchdog
+
+log = logging.getLogger("memprof_otel")
 
 
 class _Probe:
@@ -84,6 +87,9 @@ class Runtime:
         self.export_errors: Counter[str] = Counter({"prometheus": 0})
         self.dumps: Counter[tuple[str, str]] = Counter({("speedscope", "ok"): 0, ("speedscope", "error"): 0})
         self.extra_ooms: Counter[str] = Counter()
+        # configuration values the environment got wrong, each counted and logged once
+        self.config_errors: Counter[str] = Counter({"env": 0})
+        self._config_errors_seen: set[str] = set()
         self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
@@ -108,18 +114,36 @@ class Runtime:
             return self
         with self._lock:
             if not self.running:
-                self._start(config if config is not None else load_config())
+                self._start(config if config is not None else self.resolve_config())
         return self
 
     def start_monitoring(self, config: Any = None, *, meter_provider: Any = None,
                          tracer_provider: Any = None) -> "Runtime":
-        cfg = config if isinstance(config, Config) else load_config(config)
+        cfg = config if isinstance(config, Config) else self.resolve_config(config)
         with self._lock:
             if self.running:
                 self._stop(timeout=2.0)
             self._start(cfg, meter_provider=meter_provider, tracer_provider=tracer_provider)
             self.monitoring_config = cfg
         return self
+
+    def resolve_config(self, config: Any = None, **overrides: Any) -> Config:
+        """The config to monitor with: what the caller passed is strict (a ConfigError), but an
+        unknown or bad environment value never stops monitoring — it is logged once, counted in
+        ``memprof_config_errors_total{source}`` and left out (the default kept)."""
+        cfg, ignored = load_config_tolerant(config, **overrides)
+        for source, err in ignored:
+            self._config_error(source, err)
+        return cfg
+
+    def _config_error(self, source: str, err: ConfigError) -> None:
+        seen = f"{source}:{err}"
+        with self._lock:
+            if seen in self._config_errors_seen:
+                return
+            self._config_errors_seen.add(seen)
+            self.config_errors[source] += 1
+        log.warning("memprof_otel: configuration value ignored, default kept: %s", err)
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
         prev, self.config = self.config, cfg
@@ -282,7 +306,8 @@ class Runtime:
             sampler_duration_s=s.last_duration_s if s is not None and s.ticks else None,
             sampler_last_success=s.last_success_unix if s is not None else None,
             export_errors=dict(self.export_errors), dumps=dict(self.dumps),
-            extra_ooms=dict(self.extra_ooms), version=__version__, torch_version=_torch_version())
+            extra_ooms=dict(self.extra_ooms), config_errors=dict(self.config_errors),
+            version=__version__, torch_version=_torch_version())
 
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
                per_layer: bool = True) -> Series:

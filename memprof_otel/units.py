@@ -1,6 +1,7 @@
 """Parsing of human units in config values: ``20GiB``, ``512MB``, ``500ms``, ``2m``."""
 from __future__ import annotations
 
+import datetime
 import re
 
 _BYTE_UNITS = {
@@ -55,3 +56,20 @@ def format_bytes(n: float) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def format_metric_value(metric: str, value: float) -> str:
+    """A metric's value in the unit its name carries, for people: bytes as KiB/MiB/GiB, ratios as
+    percent, seconds with an ``s`` (``memprof_allocator_fragmentation_ratio``, 0.314 -> '31.4 %')."""
+    x = float(value)
+    if x != x:  # NaN: a series with no number
+        return "NaN"
+    if "_bytes" in metric:
+        return format_bytes(x)
+    if metric.endswith("_ratio"):
+        return f"{x * 100:.1f} %"
+    if metric.endswith("_timestamp_seconds"):
+        return datetime.datetime.fromtimestamp(x, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if "_seconds" in metric:
+        return f"{x:.3g} s"
+    return f"{x:g}"

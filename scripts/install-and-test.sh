@@ -11,8 +11,14 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
     $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch first and pinned: a bare or open-ended torch pulls a multi-GB CUDA build
-.venv/bin/python -m pip install -q --disable-pip-version-check 'torch==2.13.0'
+# torch first and pinned (the version the suite is tested with): an open-ended torch lets pip pick
+# the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the CPU-only wheels:
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install-and-test.sh
+# TORCH_SPEC overrides the pin (e.g. TORCH_SPEC='torch==2.14.0' to try another release).
+torch_index=()
+[ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
+.venv/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
+  "${TORCH_SPEC:-torch==2.13.0}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache

@@ -20,6 +20,10 @@ class SchedulerState:
     forward_seconds: float
     attribution_seconds: float
     plain_forward_ema_s: float | None
+    # the cost charged for the first attributed forward: always attributed and, with no plain
+    # forward seen yet, charged whole; a one-off that a steady-state figure leaves out
+    first_attributed_s: float = 0.0
+    first_forward_s: float = 0.0  # that forward's plain-time share (what it adds to forward_seconds)
 
 
 class AttributionScheduler:
@@ -36,6 +40,8 @@ class AttributionScheduler:
         self._forward_s = 0.0       # time of forwards as they would run plain
         self._spent_s = 0.0         # estimated cost of attribution (and root hooks)
         self._plain_ema: float | None = None
+        self._first_cost_s: float | None = None
+        self._first_plain_s = 0.0
 
     def should_attribute(self) -> bool:
         if not self.enabled:
@@ -65,9 +71,12 @@ class AttributionScheduler:
                     self._plain_ema + self._EMA_ALPHA * (plain - self._plain_ema))
             self._spent_s += cost
             self._forward_s += max(0.0, duration_s - cost)
+            if self._first_cost_s is None:
+                self._first_cost_s = cost
+                self._first_plain_s = max(0.0, duration_s - cost)
             return cost
 
     def state(self) -> SchedulerState:
         with self._lock:
             return SchedulerState(self._forwards, self._attributed, self._forward_s, self._spent_s,
-                                  self._plain_ema)
+                                  self._plain_ema, self._first_cost_s or 0.0, self._first_plain_s)

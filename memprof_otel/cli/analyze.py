@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping
 
 from ..reports.plot import plot_timeline
+from ..reports.summary import overhead_line
 from ..reports.text import format_report
 from ..timeline import OperationRecord, Sample, Timeline
 from ..units import format_bytes
@@ -60,9 +61,11 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
     lines = [f"LAYERS: model {s.get('model', doc.get('model', '?'))!r} on {s.get('device', '?')} "
              f"({s.get('method', '?')})"]
     if s:
-        lines.append(f"  forwards: {s.get('forwards', 0)} ({s.get('attributed_forwards', 0)} attributed), "
-                     f"forward peak: +{format_bytes(s.get('forward_peak_increase_bytes', 0))}, "
-                     f"overhead {float(s.get('overhead_ratio', 0.0)):.2%}")
+        steady = s.get("steady_overhead_ratio", s.get("overhead_ratio"))  # older files: the total
+        lines.append(overhead_line(int(s.get("forwards", 0)), int(s.get("attributed_forwards", 0)),
+                                   None if steady is None else float(steady),
+                                   float(s.get("first_forward_overhead_seconds", 0.0))))
+        lines.append(f"  forward peak: +{format_bytes(s.get('forward_peak_increase_bytes', 0))}")
     rows = sorted(((k, v) for k, v in (stats or {}).items() if k and isinstance(v, dict)),
                   key=lambda kv: kv[1].get("peak_increase", 0), reverse=True)[:max(0, top)]
     if not rows:
@@ -78,7 +81,19 @@ def format_layers(doc: Mapping[str, Any], top: int) -> str | None:
     return "\n".join(lines)
 
 
+def _require_matplotlib() -> None:
+    """Before anything is read or printed: a plot asked for without the ``plots`` extra is a usage
+    error (exit 2), not a report followed by a traceback."""
+    try:
+        import matplotlib  # noqa: F401  # why: an optional extra; only probed when --png asks for it
+    except ImportError:
+        raise CommandError("--png needs matplotlib, which is not installed: "
+                           "pip install 'memprof-otel[plots]'", EXIT_USAGE) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.png:
+        _require_matplotlib()
     doc = load(args.timeline)
     samples, ops = parse_records(doc, args.timeline)
     layers = format_layers(doc, args.top)

@@ -8,6 +8,7 @@ export is counted in ``memprof_export_errors_total{exporter}``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -25,6 +26,8 @@ from .._version import __version__
 from ..config import OtelConfig
 from ..metric_names import DURATION_BUCKETS, MEMORY_PEAK_BUCKETS, METRICS, MetricDef
 from ..timeline import OperationRecord
+
+log = logging.getLogger("memprof_otel.otel")
 
 SeriesFn = Callable[[], Mapping[str, Sequence[tuple[Mapping[str, str], float]]]]
 ErrorFn = Callable[[str], None]
@@ -118,13 +121,20 @@ def _counting_metric_exporter(inner: Any, on_error: ErrorFn, name: str) -> Any:
     return CountingMetricExporter()
 
 
+class GrpcExtraMissing(ImportError):
+    """OTLP over gRPC was asked for but the ``[grpc]`` extra is not installed."""
+
+
 def _otlp_exporters(cfg: OtelConfig, endpoint: str, protocol: str) -> tuple[Any, Any]:
     timeout = cfg.export_timeout
     explicit = cfg.endpoint is not None
     if protocol == "grpc":
-        # why: grpc is heavy; loaded only for protocol grpc
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        try:
+            # why: grpc is heavy and an optional extra ([grpc]); loaded only for protocol grpc
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as e:  # an optional extra: Prometheus-only users need no grpcio
+            raise GrpcExtraMissing(str(e)) from None
 
         kw: dict[str, Any] = {"timeout": timeout}
         if explicit:
@@ -153,10 +163,17 @@ class OtelExporter:
         self._owned: list[Any] = []
         self.endpoint = None
         if (meter_provider is None or tracer_provider is None) and (ep := otlp_endpoint(cfg, environ)):
-            self.endpoint = ep
-            mp_, tp_ = self._own_providers(cfg, service_name, ep, otlp_protocol(cfg, environ), on_error)
-            meter_provider = meter_provider or mp_
-            tracer_provider = tracer_provider or tp_
+            try:
+                mp_, tp_ = self._own_providers(cfg, service_name, ep, otlp_protocol(cfg, environ), on_error)
+            except GrpcExtraMissing as e:
+                # one clear line; metrics, spans on the global providers, /metrics all keep running
+                log.warning("memprof_otel: OTLP over grpc to %s needs the grpc extra "
+                            "(pip install 'memprof-otel[grpc]'): OTLP export is off (%s)", ep, e)
+                on_error("otel_setup")
+            else:
+                self.endpoint = ep
+                meter_provider = meter_provider or mp_
+                tracer_provider = tracer_provider or tp_
         self.meter_provider = meter_provider or otel_metrics.get_meter_provider()
         self.tracer_provider = tracer_provider or otel_trace.get_tracer_provider()
         self.meter = self.meter_provider.get_meter(SCOPE, __version__)

@@ -102,7 +102,8 @@ def make_registry(rt: ScrapeSource, layers: bool = True) -> CollectorRegistry:
 
 def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
-    prometheus_client's encoder, plus the per-layer families through the fast writer."""
+    prometheus_client's encoder, plus the per-layer families through the fast writer.
+    (``prometheus.enabled: false`` is the endpoint's to answer: it never calls this then.)"""
     encoder, content_type = choose_encoder(accept)
     body = encoder(registry)
     try:

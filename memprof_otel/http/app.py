@@ -316,6 +316,11 @@ class Endpoint:
 
     # ---- routes ----------------------------------------------------------------------------
     def metrics(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        cfg = self.rt.config
+        if cfg is not None and not cfg.prometheus.enabled:
+            # an OTLP-only deployment serves no unauthenticated route that shows its figures
+            raise HttpError(404, "prometheus_disabled", "the Prometheus exposition is off "
+                            "(prometheus.enabled: false); figures go out over OTLP only")
         body, content_type = render_exposition(self.rt, self.registry, req.headers.get("accept", ""))
         return Response(200, body, content_type)
 

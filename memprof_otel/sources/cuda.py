@@ -2,7 +2,7 @@
 
 Reads the raw nested stats (``torch._C._cuda_memoryStats``) once per call; the public
 ``torch.cuda.memory_allocated``/``memory_stats`` flatten and sort the whole dict (~165 us), which a
-per-layer hook cannot afford. The torch calls are injectable so unit tests drive a scripted
+per-layer hook cannot afford. A torch without the private name gets the public one (``_raw_fns``). The torch calls are injectable so unit tests drive a scripted
 allocator double instead of hardware. torch is imported lazily: importing this module must stay
 cheap and side-effect free.
 """
@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from memprof_otel._log import warn_once
 from memprof_otel.errors import SourceUnavailable
 from memprof_otel.sources import cuda_stats
 from memprof_otel.sources.base import Reading
@@ -34,9 +35,6 @@ def _unavailable_reason(device_index: int | None = None) -> str | None:
         count = torch.cuda.device_count()
         if device_index is not None and not 0 <= device_index < count:
             return f"device index {device_index} out of range ({count} CUDA device(s) visible)"
-        for name in ("_cuda_memoryStats", "_cuda_resetPeakMemoryStats"):
-            if not hasattr(torch._C, name):
-                return f"this torch build has no torch._C.{name}"
     # CPU-only and half-broken builds raise all sorts (RuntimeError from torch.accelerator,
     # AttributeError from torch.cuda internals, driver errors): any of them means "not here".
     except Exception as exc:  # noqa: BLE001
@@ -56,14 +54,35 @@ def available_devices() -> list[int]:
         return []
 
 
-def _default_fns(device_index: int) -> tuple[StatsFn, ResetPeakFn]:
-    reason = _unavailable_reason(device_index)
-    if reason is not None:
-        raise SourceUnavailable(f"cuda:{device_index}: {reason}")
-    import torch  # why: CUDA is asked about only on demand; never initialise it at import
+def _raw_fns(torch: Any) -> tuple[StatsFn, ResetPeakFn]:
+    """torch's private nested-stats reader and peak reset, or the public pair when this torch
+    moved the private names (``memory_stats`` flattens and sorts the dict, ~165 us a read, so the
+    per-layer cost grows and the overhead budget attributes fewer forwards; figures are the same)."""
+    raw_stats = getattr(torch._C, "_cuda_memoryStats", None)
+    raw_reset = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)
+    if callable(raw_stats) and callable(raw_reset):
+        return raw_stats, raw_reset
 
-    raw_stats: StatsFn = torch._C._cuda_memoryStats
-    raw_reset: ResetPeakFn = torch._C._cuda_resetPeakMemoryStats
+    warn_once("cuda-stats", "memprof_otel: this torch (%s) has no torch._C._cuda_memoryStats/"
+              "_cuda_resetPeakMemoryStats; reading torch.cuda.memory_stats() instead (same figures, "
+              "slower per read)", getattr(torch, "__version__", "?"))
+    public_stats = torch.cuda.memory_stats
+
+    def stats_from_public(index: int) -> Mapping[str, Any]:
+        return cuda_stats.nested_from_flat(public_stats(index))
+
+    return stats_from_public, torch.cuda.reset_peak_memory_stats
+
+
+def _default_fns(device_index: int, torch: Any = None) -> tuple[StatsFn, ResetPeakFn]:
+    """``torch``: injectable so tests can hand in a torch without the private names."""
+    if torch is None:
+        reason = _unavailable_reason(device_index)
+        if reason is not None:
+            raise SourceUnavailable(f"cuda:{device_index}: {reason}")
+        import torch  # why: CUDA is asked about only on demand; never initialise it at import
+
+    raw_stats, raw_reset = _raw_fns(torch)
     is_initialized: Callable[[], bool] = torch.cuda.is_initialized
 
     # Until CUDA is initialised the allocator has no per-device state and the raw calls raise

@@ -11,16 +11,27 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .._log import rate_limited
+from .._log import rate_limited, warn_once
+from ..errors import SourceUnavailable
 
 RecordFn = Callable[..., None]
 SnapshotFn = Callable[..., Any]
 
 
 def _torch_fns() -> tuple[RecordFn, SnapshotFn]:
+    """torch's (private) history calls; a torch without them gives captures without history, said
+    once in the log, never an error in a forward."""
     import torch.cuda.memory as cm  # why: CUDA memory internals only when a capture records history
 
-    return cm._record_memory_history, cm._snapshot
+    record, snapshot = getattr(cm, "_record_memory_history", None), getattr(cm, "_snapshot", None)
+    if not callable(record) or not callable(snapshot):
+        import torch  # why: its version for the message; loaded already (cm above imports it)
+
+        reason = (f"this torch ({torch.__version__}) has no torch.cuda.memory._record_memory_history/"
+                  "_snapshot")
+        warn_once("cuda-history", "memprof_otel: %s; captures carry no CUDA allocator history", reason)
+        raise SourceUnavailable(reason)
+    return record, snapshot
 
 
 class CudaHistoryRecorder:

@@ -26,7 +26,7 @@ from typing import Any
 
 from memprof_otel.sources.base import Reading, ratio
 
-__all__ = ["FIGURE_KEYS", "figures", "reading", "stat"]
+__all__ = ["FIGURE_KEYS", "figures", "nested_from_flat", "reading", "stat"]
 
 FIGURE_KEYS: tuple[str, ...] = (
     "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
@@ -56,6 +56,22 @@ def stat(nested: Mapping[str, Any], *path: str) -> int | float:
     if not math.isfinite(node) or node < 0:
         raise ValueError(f"allocator stats: {'.'.join(path)} is not a finite count >= 0: {node!r}")
     return node
+
+
+def nested_from_flat(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The nested layout from ``torch.cuda.memory_stats``'s flat one (``"allocated_bytes.all.peak"``
+    -> ``{"allocated_bytes": {"all": {"peak": ...}}}``): the fallback when a torch lacks the raw call."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *inner, leaf = str(key).split(".")
+        node = out
+        for part in inner:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"allocator stats: {key} nests under a number")
+            node = child
+        node[leaf] = value
+    return out
 
 
 def figures(nested: Mapping[str, Any]) -> dict[str, float]:

@@ -32,11 +32,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._dynamo  # imported by the first dispatch mode anyway; we need its disable() at import
-from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
-from torch._dynamo.eval_frame import skip_code as _skip_code
-from torch.utils._python_dispatch import TorchDispatchMode
 
+# private torch names, feature-detected (a torch without them degrades instead of failing import)
+from .._torch_compat import TorchDispatchMode, dynamo_disable as _dynamo_disable
+from .._torch_compat import eval_frame_callback as _eval_frame_callback, skip_code as _skip_code
 from .base import Reading
 
 AllocListener = Callable[[Any, int], None]  # (op overload, bytes) for each fresh storage
@@ -331,5 +330,5 @@ class LedgerMode(TorchDispatchMode):
         return _dispatch_untraced(self, func, args, kwargs)
 
 
-_dispatch_untraced = torch._dynamo.disable(_dispatch, recursive=True)
+_dispatch_untraced = _dynamo_disable(_dispatch, recursive=True)
 _skip_code(LedgerMode.__torch_dispatch__.__code__)

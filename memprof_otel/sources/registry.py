@@ -66,6 +66,14 @@ def _log_nvml_down(reason: str, exc: Exception) -> None:
                getattr(exc, "detail", reason))
 
 
+def mark_down(name: str, reason: str) -> None:
+    """Record a source that cannot run here (e.g. the tensor ledger on a torch without dispatch
+    modes): ``memprof_source_up{source=name} 0`` and the reason in ``/v1/status``."""
+    with _lock:
+        _sources.pop(name, None)
+        _down[name] = reason
+
+
 def down_reasons() -> dict[str, str]:
     with _lock:
         return dict(_down)

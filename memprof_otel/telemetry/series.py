@@ -60,6 +60,7 @@ class SelfView:
     export_errors: Mapping[str, int] = field(default_factory=dict)
     dumps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     extra_ooms: Mapping[str, int] = field(default_factory=dict)  # device -> OOMs seen in forwards
+    config_errors: Mapping[str, int] = field(default_factory=dict)  # source -> values ignored
     version: str = ""
     torch_version: str = ""
 
@@ -112,6 +113,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_sampler_last_success_timestamp_seconds", {}, me.sampler_last_success)
     for name, n in sorted(me.export_errors.items()):
         add("memprof_export_errors_total", {"exporter": name}, n)
+    for name, n in sorted(me.config_errors.items()):
+        add("memprof_config_errors_total", {"source": name}, n)
     for (fmt, result), n in sorted(me.dumps.items()):
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
     add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)

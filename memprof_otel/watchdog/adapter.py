@@ -18,10 +18,16 @@ from .._log import rate_limited
 from ..config import WatchdogConfig, WatchdogRule
 from ..telemetry.series import Labels, Series
 from ..timeline import Sample
+from ..units import format_metric_value
 from .engine import FIRING, RESOLVED, AlertEngine, Transition
 
 log = logging.getLogger("memprof_otel.watchdog")
 AlertCallback = Callable[[dict[str, Any]], None]
+
+
+def _labels(labels: dict[str, str]) -> str:
+    """``{device="cuda:0"}`` as in PromQL, or nothing."""
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
 
 
 class Watchdog:
@@ -75,14 +81,16 @@ class Watchdog:
                  "threshold": r.threshold, "value": tr.value, "labels": tr.labels, "at": tr.at}
         if tr.new == RESOLVED:
             if "log" in r.actions:
-                log.info("memprof_otel: alert %s resolved (%s = %s)", r.name, r.metric, tr.value)
+                log.info("memprof_otel: alert %s resolved (%s%s = %s)", r.name, r.metric, _labels(tr.labels),
+                         format_metric_value(r.metric, tr.value))
             return
         for action in r.actions:
             try:
                 if action == "log":
                     level = logging.ERROR if r.severity == "critical" else logging.WARNING
                     log.log(level, "memprof_otel: alert %s firing: %s%s %s %s (value %s)", r.name, r.metric,
-                            tr.labels or "", r.op, r.threshold, tr.value)
+                            _labels(tr.labels), r.op, format_metric_value(r.metric, r.threshold),
+                            format_metric_value(r.metric, tr.value))
                 elif action == "span_event":
                     self._span_event("memprof.alert", {
                         "memprof.alert.rule": r.name, "memprof.alert.severity": r.severity,

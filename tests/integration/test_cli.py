@@ -264,6 +264,17 @@ def test_analyze_an_exported_timeline_prints_layers_and_report_and_plots(live: t
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_analyze_png_without_matplotlib_names_the_extra_before_printing_anything(
+        live: tuple[str, Path], tmp_path: Path) -> None:
+    _, timeline = live
+    hide = ("import sys; sys.modules['matplotlib'] = None; from memprof_otel.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    proc = cli("analyze", str(timeline), "--png", str(tmp_path / "p.png"), exe=[sys.executable, "-c", hide])
+    assert_one_line_error(proc, 2, "matplotlib", "memprof-otel[plots]")
+    assert proc.stdout == ""  # nothing of the report before the error
+    assert not (tmp_path / "p.png").exists()
+
+
 def test_analyze_reads_what_get_v1_timeline_answers(live: tuple[str, Path], tmp_path: Path) -> None:
     url, _ = live
     req = urllib.request.Request(url + "/v1/timeline", headers={"Authorization": f"Bearer {TOKEN}"})

@@ -40,7 +40,7 @@ Triple = tuple[str, int, int]
 
 # ---- running and comparing -------------------------------------------------------------------
 def _instrument(model: nn.Module) -> Any:
-    return mp.instrument(model, every_n_forwards=1, overhead_budget=1.0, max_events=10_000_000)
+    return mp.instrument(model, every_n_forwards=1, overhead_budget=1.0, max_events=10_000_000, max_event_bytes="4GiB")
 
 
 def library_calls(h: Any) -> list[Triple]:

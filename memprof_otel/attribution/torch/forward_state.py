@@ -8,6 +8,7 @@ rate-limited.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Protocol
 
@@ -33,6 +34,25 @@ def event_dict(e: tuple) -> dict[str, Any]:
         return {"t": e[0], "type": e[1], "layer": e[2], "allocated_bytes": e[3]}
     return {"t": e[0], "type": e[1], "layer": e[2], "allocated_bytes": e[3], "peak_increase_bytes": e[4],
             "retained_bytes": e[5], "duration_ms": e[6] * 1000.0, "raised": e[7]}
+
+
+def _event_bytes(e: tuple) -> int:
+    """Heap bytes one kept event costs: the tuple, its own numbers (layer names and type strings
+    are shared with the model's path table) and its slot in the buffer."""
+    own = sum(sys.getsizeof(x) for x in e if isinstance(x, (int, float)) and not isinstance(x, bool))
+    return sys.getsizeof(e) + own + 8
+
+
+# measured on representative events (a 4 GiB level needs a 32-byte int, a small one 28)
+ENTER_EVENT_BYTES = _event_bytes((1.5, "layer_enter", "x", 1 << 32))
+EXIT_EVENT_BYTES = _event_bytes((1.5, "layer_exit", "x", 1 << 32, 1 << 20, 1 << 20, 0.001, False))
+# events come in enter/exit pairs, so a count of events maps to bytes through the pair's mean
+MEAN_EVENT_BYTES = (ENTER_EVENT_BYTES + EXIT_EVENT_BYTES) // 2
+
+
+def event_capacity(max_events: int, max_event_bytes: int) -> int:
+    """Events the timeline buffer keeps: the smaller of the count and the byte bound."""
+    return max(0, min(max_events, max_event_bytes // MEAN_EVENT_BYTES))
 
 
 _perf_counter = time.perf_counter

@@ -8,6 +8,7 @@ pushes the tensor ledger; the root post-hook undoes both and folds the calls int
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 import time
@@ -17,30 +18,31 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
-from torch._dynamo.eval_frame import OptimizedModule as _OptimizedModule
-from torch._dynamo.eval_frame import skip_code as _skip_code
-from torch.compiler import is_compiling as _is_compiling
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import hooks
+from ... import _torch_compat
 from ..._log import rate_limited
+from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
+from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
+from ..._torch_compat import skip_code as _skip_code
 from ...reports.summary import format_summary, summary_dict
 from ...reports.timeline_export import write_timeline
 from ..scheduler import AttributionScheduler
-from ..selection import OTHER, select_layers
+from ..selection import OTHER, filters_selecting_nothing, select_layers
 from ..stats import LayerAccumulator, LayerMemoryStats
 from ..windows import WindowFigures, WindowedPeaks
 from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
-from .forward_state import ForwardState, event_dict
+from .forward_state import ForwardState, event_capacity, event_dict
 from ...sources import registry
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ...timeline import OperationRecord, Sample
 from .observers import ForwardObserver
 
+_log = logging.getLogger("memprof_otel")
+_LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
@@ -49,6 +51,13 @@ _CALL_IMPL_CODE = nn.Module._call_impl.__code__
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
     return [], []
+
+
+def _example_paths(mods: dict[str, Any], n: int = 4) -> str:
+    """A few module paths of the model, so a filter that matches nothing can be fixed at once."""
+    paths = [p for p in mods if p]
+    more = f", ... {len(paths)} in all" if len(paths) > n else ""
+    return "its paths look like " + ", ".join(repr(p) for p in paths[:n]) + more if paths else "no submodules"
 
 
 def live_instrumentations() -> dict[str, "Instrumentation"]:
@@ -82,6 +91,10 @@ class Instrumentation:
         named = select_layers((p for p, _ in tree.named_modules()), max_depth=acfg.max_depth,
                               include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
         mods = dict(tree.named_modules())
+        for problem in filters_selecting_nothing(mods, max_depth=acfg.max_depth, include=acfg.include,
+                                                 exclude=acfg.exclude):
+            _log.warning("memprof_otel: model %r: %s (%s); unselected layers count in their nearest "
+                         "tracked ancestor", name, problem, _example_paths(mods))
         self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
         self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)
@@ -89,7 +102,8 @@ class Instrumentation:
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
         self._windows = WindowedPeaks(acfg.window, time.perf_counter())
-        self._events: deque[tuple] = deque(maxlen=acfg.max_events)  # compact: see forward_state
+        # compact tuples (see forward_state), bounded by count and by bytes, whichever is smaller
+        self._events: deque[tuple] = deque(maxlen=event_capacity(acfg.max_events, acfg.max_event_bytes))
         self._events_lock = threading.Lock()
         self.events_dropped = 0
         self.hook_errors = 0
@@ -107,7 +121,7 @@ class Instrumentation:
         self.process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]] = _no_history
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
-        if acfg.enabled:
+        if acfg.enabled and "dynamo" not in _torch_compat.missing():
             # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
             # here, at setup, rather than inside the first attributed forward of a live server
             import torch._dynamo  # noqa: F401
@@ -506,7 +520,7 @@ class Instrumentation:
             counter = registry.cuda_allocator(device.index or 0)
             if counter is None:
                 return
-            if cap is not None:  # the per-op view of a capture needs the ledger on CUDA too
+            if cap is not None and _LEDGER_DOWN is None:  # a capture's per-op view needs the ledger on CUDA too
                 mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
                 max_entries = self.config.dumps.cuda_history_max_entries
                 if cap.history is None and max_entries > 0:  # on for the capture window only
@@ -514,6 +528,9 @@ class Instrumentation:
                     if cap.history is not None:
                         cap.history.start()
         else:
+            if _LEDGER_DOWN is not None:  # no TorchDispatchMode in this torch: root-level figures
+                self._begin_compiled(module, path, t)  # from the host heap, as for compiled code
+                return
             counter = TensorLedger(device.type)
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
             host = registry.host_allocator()
@@ -522,7 +539,7 @@ class Instrumentation:
                 # free chunk, 0.1-16 ms) inside forwards; the baseline is approximate either way
                 baseline = host.reading().allocated
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
-                             self._count_error, record_events=self.config.attribution.max_events > 0)
+                             self._count_error, record_events=self._events.maxlen != 0)
         if cap is not None:
             state.listener = cap
             if mode is not None:
@@ -559,7 +576,7 @@ class Instrumentation:
         if counter is None:
             return
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
-                             self._count_error, record_events=self.config.attribution.max_events > 0)
+                             self._count_error, record_events=self._events.maxlen != 0)
         self._tls.state = state
         state.begin(t)
 
@@ -645,7 +662,7 @@ def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, und
     return None
 
 
-_hook_body_untraced = torch.compiler.disable(_hook_body)
+_hook_body_untraced = _torch_compat.compiler_disable(_hook_body)
 _skip_code(_RootHook.__call__.__code__)
 
 
@@ -730,7 +747,7 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None,
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
     if isinstance(config, Config) and not overrides:
         cfg = config
-    else:
+    else:  # strict; mp.instrument resolves the config tolerantly (bad env left out) before this
         cfg = load_config(config, **overrides)
     if name is not None and (not isinstance(name, str) or not name):
         raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
@@ -752,4 +769,16 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None,
         h = Instrumentation(model, name, cfg)
         _LIVE[name] = h
     _INSTRUMENTED[model] = h
+    _report_degradations(h)
     return h
+
+
+def _report_degradations(h: Instrumentation) -> None:
+    """Say once, in the log and in ``memprof_source_up``, what this torch cannot give us."""
+    if _LEDGER_DOWN is not None and h.config.attribution.enabled:
+        registry.mark_down("ledger", _LEDGER_DOWN)
+        _torch_compat.warn_once("ledger", "memprof_otel: per-layer attribution on CPU is off: %s; "
+                                "root-level figures (host heap), the sampler and CUDA attribution still run", _LEDGER_DOWN)
+    if "dynamo" in _torch_compat.missing():
+        _torch_compat.warn_once("dynamo", "memprof_otel: %s; torch.compile'd models are not supported",
+                                _torch_compat.missing()["dynamo"])

@@ -1,0 +1,278 @@
+"""memprof-otel installs into someone else's image: any torch at or above the lower bound, private
+torch names that moved, no gRPC stack. Each case runs in a fresh interpreter where the torch names
+(or the optional module) are really gone before ``import memprof_otel``."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from memprof_otel.sources import cuda as cuda_source
+from memprof_otel.sources import cuda_stats
+from memprof_otel.sources.cuda import CudaAllocatorSource
+from tests.doubles.cuda_allocator_double import ScriptedCudaAllocatorDouble
+
+REPO = Path(__file__).resolve().parents[2]
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+
+def _project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def _requirements() -> list[Requirement]:
+    return [Requirement(r) for r in _project()["dependencies"]]
+
+
+def _run(code: str, timeout: float = 180.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    for k in list(full_env):
+        if k.startswith("MEMPROF_OTEL_") or k.startswith("OTEL_"):
+            del full_env[k]
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=full_env)
+
+
+# ---- the torch requirement ---------------------------------------------------------------------
+
+def test_torch_has_a_lower_bound_and_no_upper_bound():
+    (torch_req,) = [r for r in _requirements() if r.name == "torch"]
+    spec = torch_req.specifier
+    for newer in ("2.13.0", "2.14.0", "2.15.0", "2.20.1", "3.0.0", "2.14.0+cu128"):
+        assert spec.contains(Version(newer), prereleases=True), (newer, str(spec))
+    assert not spec.contains(Version("2.3.1")), "the lower bound is what the code needs"
+    assert all(s.operator in (">=", ">", "!=") for s in spec), f"an upper bound crept back: {spec}"
+
+
+def test_grpc_exporter_is_an_optional_extra():
+    project = _project()
+    assert not any(r.name == "opentelemetry-exporter-otlp-proto-grpc" for r in _requirements())
+    extras = project["optional-dependencies"]
+    assert any(Requirement(r).name == "opentelemetry-exporter-otlp-proto-grpc" for r in extras["grpc"])
+    assert "grpc" in Requirement(extras["all"][0]).extras
+
+
+@pytest.mark.slow
+def test_pip_keeps_a_newer_installed_torch(tmp_path: Path):
+    """pip's own resolver, offline, in a venv where torch 3.0.0 is installed (its metadata; the
+    other dependencies are this environment's): installing our dependencies installs nothing.
+    The same run with the old ``torch<2.14`` cap must try to replace torch (and here fails, as
+    --no-index leaves it nothing to downgrade to) — what a server image would have suffered."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for dist in metadata.distributions():
+        path = Path(str(dist._path))  # the .dist-info folder
+        name = (dist.metadata["Name"] or "").lower()
+        if name != "torch" and path.suffix == ".dist-info" and not (site / path.name).exists():
+            (site / path.name).symlink_to(path)
+    stub = site / "torch-3.0.0.dist-info"
+    stub.mkdir()
+    (stub / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 3.0.0\n")
+    (stub / "INSTALLER").write_text("pip\n")
+    (stub / "RECORD").write_text("")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (next(venv.glob("lib/python3*/site-packages")) / "stub.pth").write_text(str(site) + "\n")
+
+    def dry_run(reqs: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pip", "--isolated", "--python", str(venv / "bin" / "python"), "install",
+             "--dry-run", "--no-index", "--quiet", "--report", "-", *reqs],
+            capture_output=True, text=True, timeout=300)
+
+    ours = dry_run([str(r) for r in _requirements()])
+    assert ours.returncode == 0, ours.stderr
+    assert json.loads(ours.stdout)["install"] == []
+    capped = dry_run(["torch>=2.4,<2.14"])
+    assert capped.returncode != 0 or any(
+        i["metadata"]["name"] == "torch" for i in json.loads(capped.stdout)["install"])
+
+
+# ---- private torch names gone ------------------------------------------------------------------
+
+HIDE_PRIVATE_TORCH = """
+    import sys
+    import torch
+    import torch.utils._python_dispatch as pd
+    del pd.TorchDispatchMode                  # the tensor ledger's base class
+    sys.modules["torch._dynamo"] = None       # any import of torch._dynamo now fails
+    import torch.cuda.memory as cm
+    del cm._record_memory_history             # CUDA allocator history
+"""
+
+
+def test_import_and_instrument_degrade_without_private_torch_names():
+    r = _run(HIDE_PRIVATE_TORCH + """
+    import logging
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    import memprof_otel as mp
+    from memprof_otel import _torch_compat
+    from memprof_otel.runtime import runtime
+    from memprof_otel.sources import registry
+
+    print("missing", sorted(_torch_compat.missing()))
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    ref = m(x)
+    h = mp.instrument(m, every_n_forwards=1, overhead_budget=1.0)
+    for _ in range(3):
+        assert torch.equal(m(x), ref)       # the model runs exactly as before
+    print("layers", sorted(h.layer_stats()))
+    up = {lab["source"]: v for lab, v in runtime().series(max_age_s=0)["memprof_source_up"]}
+    print("ledger_up", up.get("ledger"))
+    print("reason", registry.down_reasons().get("ledger"))
+    h.uninstrument()
+    h2 = mp.instrument(m, name="again")      # a second model: no second warning
+    m(x)
+    h2.uninstrument()
+    assert registry.cuda_history_recorder(0, 10) is None   # no history API: no recorder, no raise
+    mp.shutdown()
+    """)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert out["missing"] == "['dispatch_mode', 'dynamo']"
+    assert out["layers"] == "['']"           # root-level figures only, from the host heap
+    assert out["ledger_up"] == "0.0"
+    assert "TorchDispatchMode" in out["reason"]
+    assert r.stderr.count("per-layer attribution on CPU is off") == 1, r.stderr
+    assert r.stderr.count("no usable torch._dynamo") == 1, r.stderr
+    assert r.stderr.count("captures carry no CUDA allocator history") == 1, r.stderr
+
+
+def test_nothing_is_reported_missing_with_the_tested_torch():
+    r = _run("""
+    import memprof_otel
+    from memprof_otel import _torch_compat
+    print(_torch_compat.missing())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "{}"
+
+
+def _flat(nested: dict, prefix: str = "") -> dict:
+    # torch.cuda.memory_stats: the nested dict flattened with "." and sorted (torch/cuda/memory.py)
+    out = {}
+    for k, v in nested.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return dict(sorted(out.items()))
+
+
+class _TorchWithoutRawStats:
+    """A torch whose ``_C`` lacks the raw CUDA stats calls; the public ones read a scripted allocator."""
+
+    __version__ = "9.9.9"
+
+    def __init__(self, double: ScriptedCudaAllocatorDouble) -> None:
+        self._C = type("C", (), {})()
+        self.cuda = type("cuda", (), {
+            "memory_stats": staticmethod(lambda i: _flat(double.memory_stats_nested(i))),
+            "reset_peak_memory_stats": staticmethod(double.reset_peak),
+            "is_initialized": staticmethod(lambda: True)})()
+
+
+def test_cuda_source_falls_back_to_the_public_memory_stats(caplog: pytest.LogCaptureFixture):
+    double = ScriptedCudaAllocatorDouble()
+    raw = CudaAllocatorSource(0, stats_fn=double.memory_stats_nested, reset_peak_fn=double.reset_peak)
+    stats_fn, reset_fn = cuda_source._default_fns(0, torch=_TorchWithoutRawStats(double))
+    public = CudaAllocatorSource(0, stats_fn=stats_fn, reset_peak_fn=reset_fn)
+    a = double.malloc(3 << 20)
+    double.malloc(700 << 10)
+    double.free(a)
+    assert public.stats() == raw.stats()
+    assert public.reading() == raw.reading()
+    public.reset_peak()
+    assert public.peak_since_reset() == double.memory_stats_nested(0)["allocated_bytes"]["all"]["current"]
+    assert "reading torch.cuda.memory_stats() instead" in caplog.text
+
+
+def test_nested_from_flat_inverts_torch_flattening():
+    nested = ScriptedCudaAllocatorDouble().memory_stats_nested(0)
+    assert cuda_stats.nested_from_flat(_flat(nested)) == nested
+    with pytest.raises(ValueError):
+        cuda_stats.nested_from_flat({"a": 1, "a.b": 2})
+
+
+# ---- no gRPC stack -----------------------------------------------------------------------------
+
+def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
+    r = _run("""
+    import sys, logging
+    sys.modules["opentelemetry.exporter.otlp.proto.grpc"] = None   # the [grpc] extra is absent
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
+    import torch
+    import memprof_otel as mp
+    from memprof_otel.runtime import runtime
+    cfg = mp.load_config({"otel": {"endpoint": "http://127.0.0.1:4317", "protocol": "grpc"},
+                          "sampler": {"interval": "50ms"}})
+    mp.start_monitoring(cfg)
+    m = torch.nn.Linear(4, 4)
+    h = mp.instrument(m, every_n_forwards=1, overhead_budget=1.0)
+    m(torch.randn(2, 4))
+    server = mp.serve(port=0)
+    import urllib.request
+    body = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    print("metrics_ok", "memprof_process_resident_memory_bytes" in body)
+    print("otel_running", runtime().otel is not None)
+    mp.shutdown()
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "metrics_ok True" in r.stdout and "otel_running True" in r.stdout
+    lines = [ln for ln in r.stderr.splitlines() if "grpc extra" in ln]
+    assert len(lines) == 1 and "pip install 'memprof-otel[grpc]'" in lines[0], r.stderr
+
+
+# ---- the test command's install step -----------------------------------------------------------
+
+def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
+    """scripts/install-and-test.sh run as is, in a copy of the repo layout where ``.venv/bin/python``
+    records its arguments instead of installing, and promtool/prometheus are present."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "install-and-test.sh"
+    script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
+    log = tmp_path / "calls.log"
+    bindir = tmp_path / ".venv" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("promtool", "prometheus"):
+        (tools / name).write_text("#!/bin/sh\nexit 0\n")
+    for f in [bindir / "python", bindir / "lint-imports", tools / "promtool", tools / "prometheus"]:
+        f.chmod(0o755)
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC")}
+    full_env.update({"PATH": f"{tools}:{os.environ['PATH']}", **env})
+    r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
+                       env=full_env)
+    assert r.returncode == 0, r.stderr
+    return log.read_text().splitlines()
+
+
+def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
+    torch_line, project_line, pytest_line = calls
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
+    assert torch_line.endswith("torch==2.13.0")
+    assert "-e .[all]" in project_line and "--index-url" not in project_line
+    assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
+
+
+def test_install_script_without_an_index_uses_pips_own(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0"})
+    assert "--index-url" not in calls[0] and calls[0].endswith("torch==2.14.0")
