@@ -31,6 +31,29 @@ REPO = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 150.0
 
 
+def free_port_block(n: int, tries: int = 50) -> int:
+    """A port P such that P .. P+n-1 were all free a moment ago (the multi-worker demo serves
+    worker i's endpoint on P+i, so P+1 must not be some other server's port)."""
+    for _ in range(tries):
+        socks = []
+        try:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            base = s.getsockname()[1]
+            for i in range(1, n):
+                t = socket.socket()
+                socks.append(t)
+                t.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no block of {n} free ports found in {tries} tries")
+
+
 def free_ports(n: int = 1) -> list[int]:
     """``n`` distinct ports that were free a moment ago (all bound at once, then released)."""
     socks = []
@@ -112,7 +135,9 @@ def running_demo(tmp_path: Path, *, duration: float = 600.0, ready_timeout: floa
                  extra_args: list[str] | None = None, env: Mapping[str, str] | None = None,
                  ready: bool = True) -> Iterator[DemoHandle]:
     """Start the demo on free ports; yield once it is ready (``ready=False``: once it started)."""
-    port, app_port = free_ports(2)
+    workers = int(extra_args[extra_args.index("--workers") + 1]) if extra_args and "--workers" in extra_args else 1
+    port = free_port_block(workers)
+    app_port = next(p for p in free_ports(workers + 1) if not port <= p < port + workers)
     tmp_path.mkdir(parents=True, exist_ok=True)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
     child_env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
