@@ -71,7 +71,6 @@ class TensorLedger:
     def __init__(self, device_type: str = "cpu") -> None:
         self.device_type = device_type
         self._lock = threading.Lock()
-        # storage key -> [bytes, weakref]; bytes are what the level holds for it
         self._live: dict[int, _StorageRef] = {}  # id(storage) -> its weakref, holding its bytes
         self._freed_cb = self._freed  # one bound method for every weakref (not one per storage)
         self.current = 0
@@ -164,12 +163,9 @@ class TensorLedger:
                         if isinstance(t, _Tensor):
                             self.see(t)
 
-    def observe(self, func: Any, out: Any) -> None:
-        """Account an op's outputs: new storages are born (when the schema says fresh), known ones
-        may have grown."""
-        fresh = _FRESH.get(func)
-        if fresh is None:
-            fresh = _FRESH[func] = _fresh_returns(func)
+    def observe(self, func: Any, out: Any, fresh: tuple[bool, ...]) -> None:
+        """Account an op's outputs: new storages are born (where ``fresh``, the op's schema flags,
+        says so), known ones may have grown."""
         if isinstance(out, _Tensor):
             self.observe_output(func, out, fresh[0] if fresh else True)
         elif isinstance(out, (tuple, list)):
@@ -217,7 +213,6 @@ class TensorLedger:
             self._freed_cb = None  # drop the ledger -> bound method -> ledger cycle
 
 
-_FRESH: dict[Any, tuple[bool, ...]] = {}
 # ops whose return aliases their input by schema but whose input is a tensor just built outside the
 # dispatcher from Python data (torch.tensor): the storage is new to the forward
 _LIFTS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift.default}
@@ -231,7 +226,6 @@ _INFO: dict[int, _OpInfo] = {}
 
 def _op_info(func: Any) -> _OpInfo:
     fresh = _fresh_returns(func)
-    _FRESH[func] = fresh
     # OpOverload.__call__ is a Python frame that calls ._op: call the C callable directly
     info = (func, getattr(func, "_op", func), fresh, func not in _LIFTS)
     _INFO[id(func)] = info
@@ -284,7 +278,7 @@ def _dispatch(mode: "LedgerMode", func: Any, args: tuple[Any, ...], kwargs: dict
             fresh = info[2]
             ledger.observe_output(func, out, fresh[0] if fresh else True)
         elif out is not None:
-            ledger.observe(func, out)
+            ledger.observe(func, out, info[2])
     except Exception as e:
         mode.error(e)
     return out
