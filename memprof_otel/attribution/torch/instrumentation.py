@@ -121,10 +121,6 @@ class Instrumentation:
         self.process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]] = _no_history
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
-        if acfg.enabled and "dynamo" not in _torch_compat.missing():
-            # the first dispatch mode ever pushed imports torch._dynamo (~1.2 s measured): pay it
-            # here, at setup, rather than inside the first attributed forward of a live server
-            import torch._dynamo  # noqa: F401
         # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
         self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
         self._open_lock = threading.Lock()
@@ -132,7 +128,7 @@ class Instrumentation:
         # the forward that opened while m.compile() replaced our hooks: closed when its args go
         self._close_on_release: ForwardState | None = None
         self._handles: list[Any] = []
-        # module id -> (one of its tensors,): where a forward opened by that module runs
+        # module id -> a weak reference to one of its tensors: where a forward opened by it runs
         self._device_probes: dict[int, Callable[[], torch.Tensor | None]] = {}
         self._attach(model)
 
