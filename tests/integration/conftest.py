@@ -2,11 +2,16 @@
 exporter, no instrumented model, no operation records."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import httpx
 import pytest
 
 import memprof_otel as mp
 from memprof_otel.attribution.torch.instrumentation import live_instrumentations
 from memprof_otel.runtime import runtime
+
+from .helpers import JSON_HEADERS
 
 
 def _reset() -> None:
@@ -24,3 +29,10 @@ def clean_runtime():
         h.uninstrument()
     mp.shutdown(2)
     _reset()
+
+
+@pytest.fixture
+def client(server: mp.Server) -> Iterator[httpx.Client]:
+    """An HTTP client on the module's own ``server`` fixture, sending JSON like the CLI does."""
+    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
+        yield c

@@ -43,12 +43,6 @@ def server(tmp_path: Path) -> Iterator[mp.Server]:
     srv.close()
 
 
-@pytest.fixture
-def client(server: mp.Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
-        yield c
-
-
 def assert_json_error(r: httpx.Response, status: int, error: str | None = None) -> dict[str, Any]:
     assert r.status_code == status, (r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json"), r.headers

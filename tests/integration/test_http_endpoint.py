@@ -84,12 +84,6 @@ def server(tmp_path: Path) -> Iterator[mp.Server]:
 
 
 @pytest.fixture
-def client(server: mp.Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
-        yield c
-
-
-@pytest.fixture
 def tree() -> tuple[Tree, mp.Instrumentation]:
     model = Tree()
     return model, mp.instrument(model, name="tree", **EVERY)

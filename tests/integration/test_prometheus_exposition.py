@@ -47,12 +47,6 @@ def server(tmp_path: Path) -> Iterator[mp.Server]:
     srv.close()
 
 
-@pytest.fixture
-def client(server: mp.Server) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=30, headers=JSON_HEADERS) as c:
-        yield c
-
-
 def samples(text: str, openmetrics: bool = False) -> list[Any]:
     parse = parse_openmetrics if openmetrics else parse_text
     return [s for fam in parse(text) for s in fam.samples]
