@@ -29,9 +29,10 @@ ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
 PROMETHEUS_RULE = DEPLOY / "kubernetes" / "prometheusrule.yaml"
 DASHBOARDS_CONFIGMAP = DEPLOY / "kubernetes" / "dashboards-configmap.yaml"
 
-# How a test renders Grafana's variables: every label variable matches anything (the dashboards
-# use them only in =~ matchers), interval variables become fixed durations.
+# How a test renders Grafana's variables: every label variable matches anything, as "All" does
+# (the dashboards use them only in =~ matchers), interval variables become fixed durations.
 VARIABLE_VALUES = {
+    "cluster": ".*", "namespace": ".*", "job": ".*", "pod": ".*",
     "instance": ".*", "model": ".*", "device": ".*", "operation": ".*",
     "__rate_interval": "1m", "__interval": "1m", "__range": "1h",
     "__rate_interval_ms": "60000", "__interval_ms": "60000", "__range_s": "3600", "__range_ms": "3600000",
@@ -229,6 +230,16 @@ def dashboard_queries(values: dict[str, str] | None = None) -> list[DashboardQue
 
 # per-layer fragmentation is measured on CUDA only (the CPU ledger counts storages, no heap layout)
 CUDA_ONLY_LAYER_METRIC = "memprof_layer_fragmentation_ratio"
+
+
+def variable_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, query) of the dashboard's query variables, in the order Grafana resolves them."""
+    out = []
+    for var in dashboard.get("templating", {}).get("list", []):
+        if var.get("type") == "query":
+            q = var.get("query")
+            out.append((var["name"], q.get("query", "") if isinstance(q, dict) else (q or "")))
+    return out
 
 
 def listed_panels(filename: str) -> list[str]:

@@ -1,12 +1,13 @@
-"""deploy/kubernetes: every built-in manifest validated against Kubernetes' own OpenAPI schemas
-(kubernetes-validate, strict: unknown fields fail), the Prometheus Operator CRDs checked
-structurally, the pieces wired to each other, and the generated files in sync."""
+"""deploy/kubernetes: every built-in manifest (the base and examples/) validated against
+Kubernetes' own OpenAPI schemas (kubernetes-validate, strict: unknown fields fail), the Prometheus
+Operator objects checked against the CRDs' field names and wired to the pods they scrape, probes
+that never depend on telemetry, kustomize builds, and the generated files in sync."""
 from __future__ import annotations
 
-import importlib.util
 import json
+import re
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,14 @@ import kubernetes_validate.utils as kv_utils
 import pytest
 import yaml
 
+from mixin import config as mixin_config
+from mixin import outputs as mixin_outputs
+
 from .asset_queries import ALERTS, DASHBOARD_DIR, DEPLOY
 
 K8S = DEPLOY / "kubernetes"
-CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}          # no schema in kubernetes-validate
+EXAMPLES = K8S / "examples"
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}   # no schema in kubernetes-validate
 NOT_MANIFESTS = {"kustomization.yaml"}                     # kustomize's own file, not an object
 # The oldest Kubernetes still common in clusters, and the newest the validator knows.
 K8S_VERSIONS = ["1.27", kv_utils.latest_version()]
@@ -37,20 +42,35 @@ def _one(kind: str) -> dict[str, Any]:
     return doc
 
 
-def _load_sync_script():
-    spec = importlib.util.spec_from_file_location("sync_rules", K8S / "sync_rules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _example_manifests() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.relative_to(K8S).as_posix(), d) for p in sorted(EXAMPLES.rglob("*.yaml"))
+            if p.name not in NOT_MANIFESTS for d in _docs(p)]
+
+
+def _all_manifests() -> list[tuple[str, dict[str, Any]]]:
+    return _manifests() + _example_manifests()
+
+
+def _example(path: str, kind: str) -> dict[str, Any]:
+    (doc,) = [d for f, d in _example_manifests() if f.startswith(f"examples/{path}/") and d["kind"] == kind]
+    return doc
+
+
+def _deployments() -> list[tuple[str, dict[str, Any]]]:
+    return [(f, d) for f, d in _all_manifests() if d["kind"] == "Deployment"]
 
 
 def test_expected_manifests_are_shipped() -> None:
     kinds = sorted(d["kind"] for _, d in _manifests())
     assert kinds == sorted(["Deployment", "Service", "ServiceMonitor", "PrometheusRule", "ConfigMap", "Secret"])
+    examples = sorted((f, d["kind"]) for f, d in _example_manifests())
+    assert examples == [("examples/gpu/deployment.yaml", "Deployment"),
+                        ("examples/multiworker/deployment.yaml", "Deployment"),
+                        ("examples/multiworker/podmonitor.yaml", "PodMonitor")]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize(("filename", "doc"), [m for m in _manifests() if m[1]["kind"] not in CRD_KINDS],
+@pytest.mark.parametrize(("filename", "doc"), [m for m in _all_manifests() if m[1]["kind"] not in CRD_KINDS],
                          ids=lambda x: x if isinstance(x, str) else x["kind"])
 def test_builtin_manifest_is_valid(filename: str, doc: dict[str, Any], version: str) -> None:
     try:
@@ -67,16 +87,41 @@ def test_validator_rejects_an_unknown_field() -> None:
         kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
 
 
-def test_no_daemonset_and_no_host_access() -> None:
-    for filename, doc in _manifests():
-        assert doc["kind"] != "DaemonSet", filename
-    pod = _one("Deployment")["spec"]["template"]["spec"]
+@pytest.mark.parametrize(("filename", "deployment"), _deployments(), ids=lambda x: x if isinstance(x, str) else "")
+def test_no_host_access(filename: str, deployment: dict[str, Any]) -> None:
+    pod = deployment["spec"]["template"]["spec"]
     for key in ("hostPID", "hostNetwork", "hostIPC"):
         assert not pod.get(key), key
     for c in pod["containers"]:
         sc = c.get("securityContext", {})
         assert not sc.get("privileged") and sc.get("allowPrivilegeEscalation") is False
+        assert sc.get("readOnlyRootFilesystem") is True
     assert not any("hostPath" in v for v in pod.get("volumes", []))
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_no_daemonset() -> None:
+    for filename, doc in _all_manifests():
+        assert doc["kind"] != "DaemonSet", filename
+
+
+@pytest.mark.parametrize(("filename", "deployment"), _deployments(), ids=lambda x: x if isinstance(x, str) else "")
+def test_probes_never_depend_on_telemetry(filename: str, deployment: dict[str, Any]) -> None:
+    """memprof-otel's /healthz fails when the sampler is stale: as a liveness probe it would
+    restart the inference server over a telemetry problem. Every probe asks the app's own port."""
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    metrics_ports = {name for name in ports if name.startswith("metrics")}
+    assert metrics_ports, "no memprof-otel endpoint port"
+    assert "livenessProbe" in c and "startupProbe" in c
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe not in c:
+            continue
+        get = c[probe]["httpGet"]
+        assert get["port"] in ports and get["port"] not in metrics_ports, (probe, get)
+        assert ports[get["port"]] not in {ports[m] for m in metrics_ports}, (probe, get)
+    assert c["livenessProbe"]["failureThreshold"] * c["livenessProbe"]["periodSeconds"] >= 60
 
 
 def test_deployment_runs_the_demo_with_probes_limits_and_token() -> None:
@@ -86,8 +131,10 @@ def test_deployment_runs_the_demo_with_probes_limits_and_token() -> None:
     (c,) = pod["spec"]["containers"]
     assert c["command"][:2] == ["memprof-otel", "demo"]
     assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in c["ports"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        # the demo app's own health route (examples/embeddings_server.py), on its port
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, probe
+    assert {"name": "http", "containerPort": 8000, "protocol": "TCP"} in c["ports"]
     assert c["resources"]["limits"]["memory"]
     env = {e["name"]: e for e in c["env"]}
     assert env["MEMPROF_OTEL_HTTP_HOST"]["value"] == "0.0.0.0"
@@ -109,24 +156,90 @@ def test_service_selects_the_pods_and_names_the_job() -> None:
     assert port["name"] == "metrics" and port["targetPort"] == "metrics" and port["port"] == 9464
 
 
+# Field names of the Prometheus Operator CRDs (monitoring.coreos.com/v1) the shipped objects may
+# use, from the operator's API reference; an unknown field is silently dropped by the API server
+# only when the CRD prunes it, so a typo here would be a scrape setting that never applies.
+SERVICEMONITOR_SPEC = {"endpoints", "selector", "namespaceSelector", "jobLabel", "targetLabels",
+                       "podTargetLabels", "sampleLimit", "targetLimit", "attachMetadata", "scrapeProtocols"}
+PODMONITOR_SPEC = {"podMetricsEndpoints", "selector", "namespaceSelector", "jobLabel", "podTargetLabels",
+                   "sampleLimit", "targetLimit", "attachMetadata", "scrapeProtocols"}
+ENDPOINT_FIELDS = {"port", "path", "scheme", "interval", "scrapeTimeout", "honorLabels", "honorTimestamps",
+                   "relabelings", "metricRelabelings", "params", "authorization", "bearerTokenSecret",
+                   "tlsConfig", "followRedirects", "enableHttp2", "filterRunning"}
+RULE_FIELDS = {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+_DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+
+
+def _check_endpoint(endpoint: dict[str, Any]) -> None:
+    assert set(endpoint) <= ENDPOINT_FIELDS, set(endpoint) - ENDPOINT_FIELDS
+    assert endpoint["path"] == "/metrics"
+    for key in ("interval", "scrapeTimeout"):
+        if key in endpoint:
+            assert _DURATION.match(endpoint[key]), endpoint[key]
+
+
 def test_servicemonitor_scrapes_the_service_metrics_port() -> None:
     sm, service = _one("ServiceMonitor"), _one("Service")
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(sm["spec"]) <= SERVICEMONITOR_SPEC
     assert sm["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = sm["spec"]["endpoints"]
+    _check_endpoint(endpoint)
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
-    assert endpoint["path"] == "/metrics"
     assert not sm["spec"].get("jobLabel"), "the job label must stay the Service name"
+
+
+def test_podmonitor_scrapes_one_port_per_worker() -> None:
+    pm, deployment = _example("multiworker", "PodMonitor"), _example("multiworker", "Deployment")
+    assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(pm["spec"]) <= PODMONITOR_SPEC
+    pod = deployment["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    # the PodMonitor selects these pods, and not the single-worker demo's (scraped by the ServiceMonitor)
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    single = _one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert not pm["spec"]["selector"]["matchLabels"].items() <= single.items()
+    # one endpoint per worker: `--workers N` serves worker i on --port + i
+    workers = int(c["command"][c["command"].index("--workers") + 1])
+    base = int(c["command"][c["command"].index("--port") + 1])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for endpoint in pm["spec"]["podMetricsEndpoints"]:
+        _check_endpoint(endpoint)
+    scraped = sorted(ports[e["port"]] for e in pm["spec"]["podMetricsEndpoints"])
+    assert workers >= 2 and scraped == list(range(base, base + workers))
+    for name in (e["port"] for e in pm["spec"]["podMetricsEndpoints"]):
+        assert re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) and len(name) <= 15, name  # IANA_SVC_NAME
+    # the job comes from a pod label, and it is the job the default alert rules match
+    job = pod["metadata"]["labels"][pm["spec"]["jobLabel"]]
+    assert mixin_config.defaults()["job_selector"] == f'job="{job}"'
+
+
+def test_gpu_example_asks_for_a_gpu_without_host_access() -> None:
+    deployment = _example("gpu", "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert "nvidia.com/gpu" not in c["resources"].get("requests", {}) or \
+        c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")   # NVML is a `utility` library
+    assert c["resources"]["limits"]["memory"]
 
 
 def test_prometheusrule_carries_the_same_rules_as_alerts_yml() -> None:
     rule = _one("PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["name"]
+    assert set(rule["spec"]) == {"groups"}
     assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
     for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "rules", "interval", "limit", "partial_response_strategy"}
         for r in group["rules"]:
-            assert set(r) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+            assert set(r) <= RULE_FIELDS
+            assert all(isinstance(v, str) for v in [*r.get("labels", {}).values(), *r.get("annotations", {}).values()])
+            if "for" in r:
+                assert _DURATION.match(r["for"]), r["for"]
 
 
 def test_dashboards_configmap_carries_the_dashboards_verbatim() -> None:
@@ -138,20 +251,31 @@ def test_dashboards_configmap_carries_the_dashboards_verbatim() -> None:
     assert len((K8S / "dashboards-configmap.yaml").read_bytes()) < 200 * 1024
 
 
-def test_generated_files_are_in_sync() -> None:
-    result = subprocess.run([sys.executable, str(K8S / "sync_rules.py"), "--check"],
-                            capture_output=True, text=True, timeout=60)
+def test_generated_manifests_are_what_the_mixin_writes() -> None:
+    files = mixin_outputs.render(mixin_config.load())
+    for rel in ("deploy/kubernetes/prometheusrule.yaml", "deploy/kubernetes/dashboards-configmap.yaml"):
+        assert (DEPLOY.parent / rel).read_text(encoding="utf-8") == files[rel], f"{rel}: run python -m mixin"
+
+
+def _kustomize() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+@pytest.mark.parametrize("directory", ["", "examples/multiworker", "examples/gpu"])
+def test_kustomize_builds(directory: str) -> None:
+    cmd = _kustomize()
+    if cmd is None:
+        pytest.skip("neither kustomize nor kubectl is installed: the kustomizations are checked as files only")
+    result = subprocess.run([*cmd, str(K8S / directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    sync = _load_sync_script()
-    assert (K8S / "prometheusrule.yaml").read_text(encoding="utf-8") == sync.render_prometheus_rule()
-    assert (K8S / "dashboards-configmap.yaml").read_text(encoding="utf-8") == sync.render_dashboards_configmap()
-
-
-def test_prometheusrule_follows_edits_of_alerts_yml() -> None:
-    sync = _load_sync_script()
-    edited = ALERTS.read_text().replace("for: 2m", "for: 3m", 1)
-    assert yaml.safe_load(sync.render_prometheus_rule(edited))["spec"]["groups"] != \
-        _one("PrometheusRule")["spec"]["groups"]
+    built = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(result.stdout) if d)
+    listed = yaml.safe_load((K8S / directory / "kustomization.yaml").read_text())["resources"]
+    expected = sorted((d["kind"], d["metadata"]["name"]) for r in listed for d in _docs(K8S / directory / r))
+    assert built == expected
 
 
 def test_kustomization_lists_the_manifests_but_not_the_example_secret() -> None:

@@ -7,7 +7,10 @@ import re
 import pytest
 import yaml
 
-from .asset_queries import ALERTS, ALERTS_TEST, DEPLOY
+from mixin import config as mixin_config
+from mixin import outputs as mixin_outputs
+
+from .asset_queries import ALERTS, ALERTS_TEST, DEPLOY, REPO
 from .promtool import report, run
 
 PROM_DIR = DEPLOY / "prometheus"
@@ -17,8 +20,9 @@ EXPECTED_ALERTS = {
     "MemprofGpuMemoryNearFull", "MemprofOutOfMemory", "MemprofAllocatorRetries",
     "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
     "MemprofRssNearCgroupLimit", "MemprofSamplerStale", "MemprofSamplerSlow",
-    "MemprofTargetDown", "MemprofWatchdogAlertFiring",
+    "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing",
 }
+RUNBOOKS = REPO / "docs" / "runbooks.md"
 SEVERITIES = {"info", "warning", "critical"}
 
 
@@ -128,3 +132,31 @@ def test_multiworker_example_scrapes_one_port_per_worker() -> None:
 def test_target_down_alert_matches_the_scrape_job() -> None:
     (rule,) = [r for r in _rules() if r["alert"] == "MemprofTargetDown"]
     assert re.search(r'job="memprof-otel"', rule["expr"])
+
+
+def test_alerts_yml_is_what_the_mixin_writes_with_its_defaults() -> None:
+    assert ALERTS.read_text(encoding="utf-8") == mixin_outputs.render(mixin_config.load())["deploy/prometheus/alerts.yml"], \
+        "run python -m mixin"
+
+
+def _runbook_sections() -> dict[str, str]:
+    """Level-2 heading -> its text, from docs/runbooks.md."""
+    parts = re.split(r"^## (.+)$", RUNBOOKS.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+@pytest.mark.parametrize("rule", _rules(), ids=lambda r: r["alert"])
+def test_alert_links_its_runbook_section(rule: dict) -> None:
+    url = rule["annotations"]["runbook_url"]
+    base, anchor = url.split("#")
+    assert base == mixin_config.defaults()["alerts"]["runbook_url_base"] == "docs/runbooks.md"
+    # GitHub-style anchors of "## MemprofTargetDown" are the heading in lower case
+    sections = _runbook_sections()
+    assert rule["alert"] in sections and anchor == rule["alert"].lower()
+    text = sections[rule["alert"]]
+    for part in ("**Meaning.**", "**Impact.**", "**Diagnose.**", "**Mitigation.**"):
+        assert part in text, (rule["alert"], part)
+
+
+def test_every_runbook_is_an_alert() -> None:
+    assert set(_runbook_sections()) == EXPECTED_ALERTS

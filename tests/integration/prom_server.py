@@ -40,8 +40,11 @@ def free_port() -> int:
 
 
 def _get_json(url: str, timeout: float = 10.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - a local test server
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - a local test server
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # Prometheus says why in a JSON body: show it
+        raise AssertionError(f"{e.code} from {url}: {e.read().decode(errors='replace')}") from None
 
 
 @dataclass
@@ -68,6 +71,24 @@ class PromHandle:
                 raise AssertionError(f"no result for {what or expr!r} within {timeout} s; "
                                      f"targets: {self.targets()}\n{self.log_tail()}")
             time.sleep(0.25)
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        """Values of ``label`` among the series ``match`` selects (what Grafana's label_values asks)."""
+        qs = urllib.parse.urlencode({"match[]": match})
+        body = _get_json(f"{self.url}/api/v1/label/{urllib.parse.quote(label)}/values?{qs}")
+        if body.get("status") != "success":
+            raise AssertionError(f"label values of {label!r} for {match!r} failed: {body}")
+        return list(body["data"])
+
+    def exemplars(self, expr: str, seconds: float = 300.0) -> list[dict[str, Any]]:
+        """Exemplars of the series ``expr`` selects over the last ``seconds`` (needs
+        ``--enable-feature=exemplar-storage``): ``[{"seriesLabels": {...}, "exemplars": [...]}]``."""
+        now = time.time()
+        qs = urllib.parse.urlencode({"query": expr, "start": now - seconds, "end": now})
+        body = _get_json(f"{self.url}/api/v1/query_exemplars?{qs}")
+        if body.get("status") != "success":
+            raise AssertionError(f"exemplars of {expr!r} failed: {body}")
+        return list(body["data"] or [])
 
     def targets(self) -> list[dict[str, Any]]:
         return list(_get_json(f"{self.url}/api/v1/targets")["data"]["activeTargets"])
@@ -98,8 +119,10 @@ def write_config(path: Path, targets: Sequence[str], rule_files: Sequence[str | 
 
 @contextmanager
 def running_prometheus(targets: list[str], tmp_path: Path, rule_files: Sequence[str | os.PathLike[str]] = (),
-                       *, scrape_interval: str = "1s", ready_timeout: float = 30.0) -> Iterator[PromHandle]:
-    """A Prometheus scraping ``targets`` every ``scrape_interval``; killed when the block ends."""
+                       *, scrape_interval: str = "1s", ready_timeout: float = 30.0,
+                       extra_flags: Sequence[str] = ()) -> Iterator[PromHandle]:
+    """A Prometheus scraping ``targets`` every ``scrape_interval``; killed when the block ends.
+    ``extra_flags`` go to its command line (e.g. ``--enable-feature=exemplar-storage``)."""
     binary = prometheus_binary()
     home = tmp_path / f"prometheus-{time.monotonic_ns()}"
     (home / "data").mkdir(parents=True)
@@ -111,7 +134,7 @@ def running_prometheus(targets: list[str], tmp_path: Path, rule_files: Sequence[
         proc = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h",
-             "--log.level=info"],
+             "--log.level=info", *extra_flags],
             stdout=log, stderr=subprocess.STDOUT, cwd=home, start_new_session=True)
         log.close()
         handle = PromHandle(f"http://127.0.0.1:{port}", log_path, proc)

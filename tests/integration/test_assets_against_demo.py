@@ -1,19 +1,40 @@
 """The shipped dashboards and alert rules against the real demo: every metric they name exists in
-its /metrics, and every dashboard query returns data from a real Prometheus scraping it.
+its /metrics, every dashboard query returns data from a real Prometheus scraping it, the chained
+dashboard variables resolve there (absent Kubernetes labels included), the operation panels' exemplars
+carry trace ids, and the mixin's rules (rendered for this Prometheus' job) load and evaluate.
 
 Panels that cannot have data on this machine are listed by the dashboards themselves
 (grafana/gpu_only_panels.txt: no GPU; grafana/cgroup_limit_panels.txt: no cgroup memory limit) and
 are asserted to be exactly the panels that come back empty, so the lists cannot hide a broken query.
+
+The demo exports OTLP to a closed port, as a deployment whose collector is down would: that gives
+its operations real trace ids (the exemplars) and makes memprof_export_errors_total count, which
+the MemprofOtlpExportFailing rule watches.
 """
 from __future__ import annotations
 
+import json
+import re
+import socket
 import time
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.assets.asset_queries import ALERTS, dashboard_queries, listed_panels, metric_names_used
+from mixin import config as mixin_config
+from mixin import outputs as mixin_outputs
+from tests.assets.asset_queries import (
+    VARIABLE_VALUES,
+    dashboard_files,
+    dashboard_queries,
+    iter_panels,
+    listed_panels,
+    load_dashboard,
+    metric_names_used,
+    substitute_variables,
+    variable_queries,
+)
 from tests.integration.demo_process import running_demo
 from tests.integration.prom_server import running_prometheus
 
@@ -22,6 +43,9 @@ NEEDS_GPU = {"memprof_gpu_memory_used_bytes", "memprof_gpu_memory_total_bytes",
              "memprof_gpu_process_memory_used_bytes", "memprof_gpu_info",
              "memprof_layer_fragmentation_ratio"}  # measured per layer on CUDA only
 NEEDS_CGROUP_LIMIT = {"memprof_process_memory_limit_bytes"}
+JOB = "memprof"                       # the job name tests/integration/prom_server.py scrapes under
+ABSENT_LABELS = {"cluster", "namespace", "pod"}   # a plain, non-Kubernetes Prometheus has none
+_LABEL_VALUES = re.compile(r"^label_values\((.*), (\w+)\)$", re.DOTALL)
 
 
 def _families(text: str) -> set[str]:
@@ -34,42 +58,126 @@ def _families(text: str) -> set[str]:
     return out
 
 
+def _closed_port_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there any more: exports are refused
+    return f"http://127.0.0.1:{port}"
+
+
+def _rules_for_this_prometheus(path: Path) -> Path:
+    """The mixin's rules for the job this test's Prometheus uses (a user's own config at work)."""
+    cfg = mixin_config.merge(mixin_config.defaults(), {"job_selector": f'job="{JOB}"'})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(mixin_outputs.alerts_yml(cfg))
+    return path
+
+
+def _empty_panels(prom, values: dict[str, str]) -> dict[str, list[str]]:
+    empty: dict[str, list[str]] = {}
+    for q in dashboard_queries(values):
+        if not prom.query(q.expr):
+            empty.setdefault(q.panel_title, []).append(q.expr)
+    return empty
+
+
+def _grafana_regex(value: str) -> str:
+    """A picked value as Grafana writes it into a =~ matcher: regex-escaped, and each backslash
+    doubled for the PromQL string literal (``127\\\\.0\\\\.0\\\\.1:9464``)."""
+    return re.escape(value).replace("\\", "\\\\")
+
+
+def _resolve_variables(prom, dashboard: dict) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Walk the dashboard's variables in Grafana's order, as a user picking the first value of each
+    would: (values each variable offers, the rendering used for the following ones). A variable
+    with no values renders as "All" (.*)."""
+    offered: dict[str, list[str]] = {}
+    chosen = {k: v for k, v in VARIABLE_VALUES.items() if k.startswith("__")}
+    for name, query in variable_queries(dashboard):
+        m = _LABEL_VALUES.match(query)
+        assert m, query
+        offered[name] = prom.label_values(m.group(2), substitute_variables(m.group(1), chosen))
+        chosen[name] = _grafana_regex(offered[name][0]) if offered[name] else ".*"
+    return offered, chosen
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_data(tmp_path: Path) -> None:
-    # GIVEN the demo under synthetic traffic, and a real Prometheus scraping it with our alert rules
-    with running_demo(tmp_path / "demo") as demo:
-        exposed = _families(demo.metrics())
-
-        # THEN every metric the assets name is exposed, but for the hardware/limit ones, which are not
-        used = metric_names_used(families=exposed)
-        missing = {name: sorted(files) for name, files in used.items() if name not in exposed}
-        assert set(missing) <= NEEDS_GPU | NEEDS_CGROUP_LIMIT, f"assets use metrics the demo lacks: {missing}"
-        assert not (NEEDS_GPU | NEEDS_CGROUP_LIMIT) & exposed, "this machine has no GPU and no cgroup limit"
-
+    # GIVEN the demo under synthetic traffic, pushing OTLP to a collector that is down, and a real
+    # Prometheus (exemplar storage on) scraping it with the mixin's alert rules
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": _closed_port_url(), "MEMPROF_OTEL_OTEL_EXPORT_INTERVAL": "1s",
+           "MEMPROF_OTEL_OTEL_EXPORT_TIMEOUT": "1s", "OTEL_BSP_SCHEDULE_DELAY": "500"}
+    rules = _rules_for_this_prometheus(tmp_path / "rules" / "alerts.yml")
+    with running_demo(tmp_path / "demo", env=env) as demo:
         target = demo.metrics_url.split("//", 1)[1].split("/", 1)[0]
-        with running_prometheus([target], tmp_path / "prom", rule_files=[ALERTS]) as prom:
-            prom.query_until('up{job="memprof"} == 1', timeout=30, what="the demo scraped")
+        with running_prometheus([target], tmp_path / "prom", rule_files=[rules],
+                                extra_flags=["--enable-feature=exemplar-storage"]) as prom:
+            prom.query_until(f'up{{job="{JOB}"}} == 1', timeout=30, what="the demo scraped")
             # rate()/histogram_quantile over [1m] need a few scrapes of moving counters
             prom.query_until('rate(memprof_operation_duration_seconds_count[1m]) > 0', timeout=30)
+            prom.query_until('rate(memprof_export_errors_total{exporter=~"otlp_.*"}[1m]) > 0', timeout=60,
+                             what="failed OTLP exports counted")
             time.sleep(3)
+            exposed = _families(demo.metrics())
 
-            # WHEN every dashboard query is evaluated through the HTTP API
-            empty: dict[str, list[str]] = {}
+            # WHEN every dashboard query is evaluated through the HTTP API, with every variable "All"
             queries = dashboard_queries()
-            for q in queries:
-                if not prom.query(q.expr):
-                    empty.setdefault(q.panel_title, []).append(q.expr)
+            empty_all = _empty_panels(prom, VARIABLE_VALUES)
+
+            # AND each dashboard's variables are resolved in order, picking the first value offered
+            resolved = {path.stem: _resolve_variables(prom, load_dashboard(path)) for path in dashboard_files()}
+            # with the operation dashboard's picks (it has every variable), and with the absent
+            # labels' variables rendered empty rather than .* (a variable without options)
+            offered, chosen = resolved["memprof-operations"]
+            empty_chosen = _empty_panels(prom, {**VARIABLE_VALUES, **chosen})
+            empty_blank = _empty_panels(prom, {**VARIABLE_VALUES, **chosen, **{k: "" for k in ABSENT_LABELS}})
+
+            # AND the exemplar-enabled operation targets are asked for exemplars, as Grafana does
+            exemplar_targets = [substitute_variables(t["expr"]) for p in iter_panels(load_dashboard(
+                [f for f in dashboard_files() if f.stem == "memprof-operations"][0]))
+                for t in p.get("targets", []) if t.get("exemplar")]
+            exemplars = {e: prom.exemplars(e) for e in exemplar_targets}
 
             # AND the alert rules load and evaluate without errors
             groups = prom.rules()
+            export_alert = prom.query('ALERTS{alertname="MemprofOtlpExportFailing"}')
 
-    # THEN exactly the listed hardware/limit panels are empty, and every other panel has data
+    # THEN every metric the assets name is exposed, but for the hardware/limit ones, which are not
+    used = metric_names_used(families=exposed)
+    missing = {name: sorted(files) for name, files in used.items() if name not in exposed}
+    assert set(missing) <= NEEDS_GPU | NEEDS_CGROUP_LIMIT, f"assets use metrics the demo lacks: {missing}"
+    assert not (NEEDS_GPU | NEEDS_CGROUP_LIMIT) & exposed, "this machine has no GPU and no cgroup limit"
+
+    # AND exactly the listed hardware/limit panels are empty, and every other panel has data
     expected_empty = set(listed_panels("gpu_only_panels.txt")) | set(listed_panels("cgroup_limit_panels.txt"))
     assert len(queries) >= 20, f"only {len(queries)} dashboard queries found"
-    unexpected = {t: e for t, e in empty.items() if t not in expected_empty}
+    unexpected = {t: e for t, e in empty_all.items() if t not in expected_empty}
     assert not unexpected, f"panels without data against the demo: {unexpected}"
-    assert set(empty) == expected_empty, f"listed as empty but have data: {expected_empty - set(empty)}"
-    rules = [r for g in groups for r in g["rules"]]
-    assert len(rules) >= 10
-    assert all(r.get("health") == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+    assert set(empty_all) == expected_empty, f"listed as empty but have data: {expected_empty - set(empty_all)}"
+
+    # AND the chained variables offer the demo's values; the labels a plain Prometheus lacks offer
+    # none, and their "All" (or an empty value) still matches every series
+    for name, (dash_offered, _) in resolved.items():
+        assert {k for k, v in dash_offered.items() if not v} == ABSENT_LABELS, (name, dash_offered)
+        assert dash_offered["job"] == [JOB] and dash_offered["instance"] == [target], dash_offered
+        assert "minilm" in dash_offered["model"] and "cpu" in dash_offered["device"], dash_offered
+    assert "embed" in offered["operation"]
+    assert chosen["job"] == JOB and chosen["instance"] == _grafana_regex(target)
+    assert set(empty_chosen) == expected_empty, {t: e for t, e in empty_chosen.items() if t not in expected_empty}
+    assert set(empty_blank) == expected_empty, {t: e for t, e in empty_blank.items() if t not in expected_empty}
+
+    # AND every exemplar-enabled target has exemplars, each the trace id of an operation
+    assert len(exemplars) == 4
+    for expr, found in exemplars.items():
+        ids = [e["labels"].get("trace_id", "") for s in found for e in s["exemplars"]]
+        assert ids, f"no exemplars for {expr}"
+        assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), ids
+
+    # AND the rules are healthy, and the failing OTLP export has raised its alert (pending: `for`)
+    rule_list = [r for g in groups for r in g["rules"]]
+    assert len(rule_list) == len(mixin_config.defaults()["alerts"]["rules"])
+    assert all(r.get("health") == "ok" for r in rule_list), [(r["name"], r.get("lastError")) for r in rule_list]
+    assert {a["metric"]["exporter"] for a in export_alert} >= {"otlp_traces"}, json.dumps(export_alert)
+    assert all(a["metric"]["alertstate"] == "pending" and a["metric"]["job"] == JOB for a in export_alert)

@@ -1,55 +1,91 @@
-#!/usr/bin/env python3
-"""Writes grafana/dashboards/*.json from the panel definitions below.
+"""The Grafana dashboards, built from the configuration (``python -m mixin`` writes them).
 
-The JSON files are what Grafana loads (provisioning, the Kubernetes ConfigMap); this script is
-where they are edited, so that ids, layout, datasource references and template variables stay
-consistent across the three dashboards. After editing, run
-
-    python grafana/generate_dashboards.py            # rewrite the JSON files
-    python grafana/generate_dashboards.py --check    # exit 1 if they are out of date
-
-then `python deploy/kubernetes/sync_rules.py` to refresh the ConfigMap. tests/assets checks both.
-
-Rules every query here follows (tests/assets checks them, and a test evaluates every query
-against a real Prometheus scraping the demo):
+Layout, ids, datasource references and template variables are made here so they stay consistent
+across the three dashboards. Rules every query here follows (tests/assets checks them, and a test
+evaluates every query and every variable query against a real Prometheus scraping the demo):
 - it returns data for a running `memprof-otel demo` on CPU (model "minilm", device "cpu",
   operation "embed", at least one watchdog rule), except the panels listed in
-  gpu_only_panels.txt (NVML metrics: no data without a GPU) and cgroup_limit_panels.txt
-  (memprof_process_memory_limit_bytes: no data without a cgroup memory limit);
-- template variables are used only in `=~` matchers (multi-value and "All" render as regexes);
+  grafana/gpu_only_panels.txt (NVML metrics: no data without a GPU) and
+  grafana/cgroup_limit_panels.txt (memprof_process_memory_limit_bytes: no data without a cgroup
+  memory limit);
+- every selector carries the configured extra matchers and the chained label variables
+  (cluster, namespace, job, pod, instance, and model / device / operation where they apply);
+- template variables are used only in `=~` matchers (multi-value and "All" render as regexes,
+  and "All" is `.*`, which also matches a series without the label);
 - only metric names from docs/reference.md's "Prometheus metrics".
+
+Adding a panel: write it in one of the sections of ``overview``, ``layers`` or ``operations``
+with ``timeseries(...)`` / ``stat(...)`` / ``table(...)`` and ``target(f"metric{{{q.base}}}")``;
+list its title in grafana/gpu_only_panels.txt or cgroup_limit_panels.txt if it has no data on a
+CPU-only machine or without a cgroup memory limit.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-OUT_DIR = HERE / "dashboards"
+from .promql import matchers
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
-TAG = "memprof-otel"
 
-# Label matchers shared by the queries below.
-I = 'instance=~"$instance"'
-DEV = f'{I}, device=~"$device"'
-LAYER = f'{I}, model=~"$model", device=~"$device"'
-LAYER_NO_ROOT = f'{LAYER}, layer!=""'   # the root module (layer "") is the whole model
-OP = f'{I}, operation=~"$operation"'
+
+@dataclass(frozen=True)
+class Matchers:
+    """The label matchers of one configuration, shared by every query below."""
+    cfg: dict[str, Any]
+
+    @property
+    def chain(self) -> list[tuple[str, str, str]]:
+        """(variable, label, display name) of the target variables, outermost first."""
+        d = self.cfg["dashboards"]
+        return [("cluster", d["cluster_label"], "Cluster"), ("namespace", d["namespace_label"], "Namespace"),
+                ("job", "job", "Job"), ("pod", d["pod_label"], "Pod"), ("instance", "instance", "Instance")]
+
+    def upto(self, variable: str | None = None) -> str:
+        """The extra matchers and the target variables before ``variable`` (all of them: None)."""
+        parts = [self.cfg["selector"]]
+        for name, label, _ in self.chain:
+            if name == variable:
+                break
+            parts.append(f'{label}=~"${name}"')
+        return matchers(*parts)
+
+    @property
+    def base(self) -> str:
+        return self.upto(None)
+
+    @property
+    def dev(self) -> str:
+        return f'{self.base}, device=~"$device"'
+
+    @property
+    def layer(self) -> str:
+        return f'{self.base}, model=~"$model", device=~"$device"'
+
+    @property
+    def layer_no_root(self) -> str:
+        return f'{self.layer}, layer!=""'   # the root module (layer "") is the whole model
+
+    @property
+    def op(self) -> str:
+        return f'{self.base}, operation=~"$operation"'
+
 
 RED, ORANGE, GREEN = "red", "orange", "green"
 
 
 # ---------------------------------------------------------------------------- building blocks
 
-def target(expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False) -> dict[str, Any]:
+def target(expr: str, legend: str = "__auto", *, instant: bool = False, table: bool = False,
+           exemplar: bool = False) -> dict[str, Any]:
     t: dict[str, Any] = {"datasource": DS, "expr": expr, "legendFormat": legend,
                          "range": not instant, "instant": instant}
     if table:
         t["format"] = "table"
+    if exemplar:
+        # the trace id of a recent request per bucket, drawn as points over the quantile lines
+        t["exemplar"] = True
     return t
 
 
@@ -167,16 +203,26 @@ def query_var(name: str, label: str, query: str) -> dict[str, Any]:
             "options": [], "hide": 0, "skipUrlSync": False}
 
 
-def variables(*extra: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
+def label_values(metric: str, where: str, label: str) -> str:
+    return f"label_values({metric}{{{where}}}, {label})" if where else f"label_values({metric}, {label})"
+
+
+def variables(q: Matchers, *extra: str) -> list[dict[str, Any]]:
+    """The datasource, then the target variables chained (each lists the values its label has
+    among the series the ones before it select), then model and device (and ``extra``: the
+    operation) among the selected targets' series."""
+    out: list[dict[str, Any]] = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [],
-         "refresh": 1, "regex": "", "skipUrlSync": False},
-        query_var("instance", "Instance", "label_values(memprof_build_info, instance)"),
-        query_var("model", "Model", "label_values(memprof_layer_peak_increase_bytes, model)"),
-        query_var("device", "Device", "label_values(memprof_allocator_allocated_bytes, device)"),
-        *extra,
-    ]
+         "refresh": 1, "regex": "", "skipUrlSync": False}]
+    for name, label, title in q.chain:
+        out.append(query_var(name, title, label_values("memprof_build_info", q.upto(name), label)))
+    out.append(query_var("model", "Model", label_values("memprof_layer_peak_increase_bytes", q.base, "model")))
+    out.append(query_var("device", "Device", label_values("memprof_allocator_allocated_bytes", q.base, "device")))
+    if "operation" in extra:
+        out.append(query_var("operation", "Operation",
+                             label_values("memprof_operation_duration_seconds_count", q.base, "operation")))
+    return out
 
 
 Section = tuple[str, list[tuple[dict[str, Any], int, int]]]   # (row title, [(panel, width, height)])
@@ -204,90 +250,92 @@ def layout(sections: list[Section]) -> list[dict[str, Any]]:
     return panels
 
 
-def dashboard(uid: str, title: str, description: str, sections: list[Section],
-              extra_vars: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+def dashboard(q: Matchers, uid: str, title: str, description: str, sections: list[Section],
+              extra_vars: tuple[str, ...] = ()) -> dict[str, Any]:
+    d = q.cfg["dashboards"]
+    tags = list(d["tags"])
     return {
-        "uid": uid, "title": title, "description": description, "tags": [TAG],
-        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
-        "time": {"from": "now-30m", "to": "now"}, "refresh": "10s", "timezone": "",
+        "uid": d["uid_prefix"] + uid, "title": d["title_prefix"] + title, "description": description,
+        "tags": tags, "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
+        "time": {"from": d["time_from"], "to": "now"}, "refresh": d["refresh"], "timezone": "",
         "timepicker": {}, "fiscalYearStartMonth": 0, "weekStart": "", "liveNow": False,
         "annotations": {"list": [{"builtIn": 1, "type": "dashboard", "name": "Annotations & Alerts",
                                   "datasource": {"type": "grafana", "uid": "-- Grafana --"},
                                   "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)"}]},
-        "links": [{"type": "dashboards", "title": "memprof-otel", "tags": [TAG], "asDropdown": True,
+        "links": [{"type": "dashboards", "title": "memprof-otel", "tags": tags, "asDropdown": True,
                    "includeVars": True, "keepTime": True, "icon": "external link",
                    "targetBlank": False, "tooltip": "", "url": ""}],
-        "templating": {"list": variables(*extra_vars)},
+        "templating": {"list": variables(q, *extra_vars)},
         "panels": layout(sections),
     }
 
 
 # ---------------------------------------------------------------------------- the dashboards
 
-def overview() -> dict[str, Any]:
+def overview(q: Matchers) -> dict[str, Any]:
     process: Section = ("Process", [
         (timeseries("Process resident memory",
                     "Resident set size of each instrumented process, and its peak (VmHWM).",
-                    [target(f"memprof_process_resident_memory_bytes{{{I}}}", "{{instance}} RSS"),
-                     target(f"memprof_process_peak_resident_memory_bytes{{{I}}}", "{{instance}} peak RSS")],
+                    [target(f"memprof_process_resident_memory_bytes{{{q.base}}}", "{{instance}} RSS"),
+                     target(f"memprof_process_peak_resident_memory_bytes{{{q.base}}}", "{{instance}} peak RSS")],
                     "bytes"), 12, 8),
         (timeseries("RSS / cgroup memory limit",
                     "Resident memory as a share of the cgroup memory limit; the kernel OOM-kills "
                     "the container at 100%. Empty when the process runs without a memory limit.",
-                    [target(f"memprof_process_resident_memory_bytes{{{I}}} / on(instance, job) "
-                            f"memprof_process_memory_limit_bytes{{{I}}}", "{{instance}}")],
+                    [target(f"memprof_process_resident_memory_bytes{{{q.base}}} / on(instance, job) "
+                            f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}}")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 8, 8),
         (stat("cgroup memory limit", "The cgroup memory limit the process runs under.",
-              [target(f"memprof_process_memory_limit_bytes{{{I}}}", "{{instance}}")], "bytes"), 4, 8),
+              [target(f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}}")], "bytes"), 4, 8),
     ])
     allocator: Section = ("Allocator", [
         (timeseries("Allocator allocated / reserved",
                     "Per device: memory handed out to tensors (allocated) and memory the allocator "
                     "holds from the system (reserved; CUDA's caching allocator, glibc's arenas on CPU).",
-                    [target(f"memprof_allocator_allocated_bytes{{{DEV}}}", "{{instance}} {{device}} allocated"),
-                     target(f"memprof_allocator_reserved_bytes{{{DEV}}}", "{{instance}} {{device}} reserved")],
+                    [target(f"memprof_allocator_allocated_bytes{{{q.dev}}}", "{{instance}} {{device}} allocated"),
+                     target(f"memprof_allocator_reserved_bytes{{{q.dev}}}", "{{instance}} {{device}} reserved")],
                     "bytes"), 12, 8),
         (timeseries("Allocator fragmentation",
                     "Inactive split blocks / reserved: memory reserved and free but cut into pieces "
                     "too small for a large request. MemprofFragmentationHigh fires above 30% with "
                     "more than 1 GiB reserved on accelerators (not for cpu: glibc's gaps are "
                     "routinely high and cannot fail a large request).",
-                    [target(f"memprof_allocator_fragmentation_ratio{{{DEV}}}", "{{instance}} {{device}}")],
+                    [target(f"memprof_allocator_fragmentation_ratio{{{q.dev}}}", "{{instance}} {{device}}")],
                     "percentunit", max_one=True, threshold_steps=((0.3, ORANGE),)), 12, 8),
     ])
     gpu: Section = ("GPU (NVML; empty without a GPU)", [
         (timeseries("GPU memory used / total",
                     "Device memory in use by every process on the GPU, and the device's total "
                     "(exported as such: used + free is not constant).",
-                    [target(f"memprof_gpu_memory_used_bytes{{{I}}}", "{{instance}} GPU {{gpu}} used"),
-                     target(f"memprof_gpu_memory_total_bytes{{{I}}}", "{{instance}} GPU {{gpu}} total")],
+                    [target(f"memprof_gpu_memory_used_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}} used"),
+                     target(f"memprof_gpu_memory_total_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}} total")],
                     "bytes", overrides=[dashed_red("B")]), 10, 8),
         (timeseries("GPU memory used share",
                     "Used / total per GPU; MemprofGpuMemoryNearFull fires above 90% for 5 minutes.",
-                    [target(f"memprof_gpu_memory_used_bytes{{{I}}} / memprof_gpu_memory_total_bytes{{{I}}}",
+                    [target(f"memprof_gpu_memory_used_bytes{{{q.base}}} / memprof_gpu_memory_total_bytes{{{q.base}}}",
                             "{{instance}} GPU {{gpu}}")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 7, 8),
         (timeseries("GPU memory used by this process",
                     "This process's share of the GPU's memory, per NVML.",
-                    [target(f"memprof_gpu_process_memory_used_bytes{{{I}}}", "{{instance}} GPU {{gpu}}")],
+                    [target(f"memprof_gpu_process_memory_used_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}}")],
                     "bytes"), 7, 8),
     ])
     watchdog: Section = ("Watchdog", [
         (stat("Watchdog rules firing",
               "State of each in-process watchdog rule (config watchdog.rules): 1 while it fires.",
-              [target(f"memprof_alert_active{{{I}}}", "{{rule}} ({{severity}})")], "none",
+              [target(f"memprof_alert_active{{{q.base}}}", "{{rule}} ({{severity}})")], "none",
               mappings=mapping({"0": ("ok", GREEN), "1": ("FIRING", RED)}),
               threshold_steps=((1, RED),), color_mode="background"), 8, 6),
         (timeseries("Watchdog thresholds",
                     "Each watchdog rule's threshold in the base unit of its metric (bytes, "
                     "seconds or ratio), drawn as a threshold line; log scale, since one rule's "
                     "bytes and another's seconds differ by orders of magnitude.",
-                    [target(f"memprof_watchdog_threshold{{{I}}}", "{{rule}} threshold")],
+                    [target(f"memprof_watchdog_threshold{{{q.base}}}", "{{rule}} threshold")],
                     "short", log_scale=True, overrides=[dashed_red("A")]), 8, 6),
         (table("Watchdog rules",
                "Each rule with its threshold and whether it fires now.",
-               [target(f"max by (rule, severity) (memprof_watchdog_threshold{{{I}}})", instant=True, table=True),
-                target(f"max by (rule, severity) (memprof_alert_active{{{I}}})", instant=True, table=True)],
+               [target(f"max by (rule, severity) (memprof_watchdog_threshold{{{q.base}}})", instant=True, table=True),
+                target(f"max by (rule, severity) (memprof_alert_active{{{q.base}}})", instant=True, table=True)],
                {"Value #A": ("threshold", "short"), "Value #B": ("firing", "none")},
                sort_by="firing"), 8, 6),
     ])
@@ -295,93 +343,93 @@ def overview() -> dict[str, Any]:
         (timeseries("Self overhead",
                     "Time spent inside memprof-otel's hooks per second of wall time (0.01 = 1% "
                     "of one core), averaged over 5 minutes.",
-                    [target(f"rate(memprof_overhead_seconds_total{{{I}}}[5m])", "{{instance}}")],
+                    [target(f"rate(memprof_overhead_seconds_total{{{q.base}}}[5m])", "{{instance}}")],
                     "percentunit"), 8, 7),
         (timeseries("Sampler duration",
                     "Time one sampler pass takes; MemprofSamplerSlow fires above 500ms for 10 minutes.",
-                    [target(f"memprof_sampler_duration_seconds{{{I}}}", "{{instance}}")],
+                    [target(f"memprof_sampler_duration_seconds{{{q.base}}}", "{{instance}}")],
                     "s", threshold_steps=((0.5, RED),)), 8, 7),
         (timeseries("Sampler last success age",
                     "Seconds since the sampler last succeeded; MemprofSamplerStale fires above 60s.",
-                    [target(f"time() - memprof_sampler_last_success_timestamp_seconds{{{I}}}", "{{instance}}")],
+                    [target(f"time() - memprof_sampler_last_success_timestamp_seconds{{{q.base}}}", "{{instance}}")],
                     "s", threshold_steps=((60, RED),)), 8, 7),
         (stat("Sources up", "Each memory source (1 = up). nvml is down on a machine without a GPU.",
-              [target(f"memprof_source_up{{{I}}}", "{{instance}} {{source}}")], "none",
+              [target(f"memprof_source_up{{{q.base}}}", "{{instance}} {{source}}")], "none",
               mappings=mapping({"0": ("down", RED), "1": ("up", GREEN)}),
               threshold_steps=((1, GREEN),), color_mode="background"), 12, 5),
         (table("Build info", "memprof-otel and torch versions per instance.",
-               [target(f"memprof_build_info{{{I}}}", instant=True, table=True)], {},
+               [target(f"memprof_build_info{{{q.base}}}", instant=True, table=True)], {},
                # a single query's value column is "Value" (merged ones are "Value #A", ...)
                hide=("Time", "__name__", "Value", "Value #A")), 12, 5),
     ])
-    return dashboard("memprof-overview", "memprof-otel / Overview",
+    return dashboard(q, "overview", "Overview",
                      "Process, allocator and GPU memory of processes instrumented with memprof-otel, "
                      "watchdog state and the exporter's own cost.",
                      [process, allocator, gpu, watchdog, self_])
 
 
-def layers() -> dict[str, Any]:
+def layers(q: Matchers) -> dict[str, Any]:
     top: Section = ("Top layers (root module excluded)", [
         (bargauge("Top layers by peak increase",
                   "Largest peak above the level at layer entry (the layer's own transient need, "
                   "including what it freed before returning), over the last completed window.",
-                  [target(f"topk(15, max by (model, layer) (memprof_layer_peak_increase_bytes{{{LAYER_NO_ROOT}}}))",
+                  [target(f"topk(15, max by (model, layer) (memprof_layer_peak_increase_bytes{{{q.layer_no_root}}}))",
                           "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
         (bargauge("Top layers by retained memory",
                   "Level at layer exit minus level at entry: what each layer leaves allocated.",
-                  [target(f"topk(15, max by (model, layer) (memprof_layer_retained_bytes{{{LAYER_NO_ROOT}}}))",
+                  [target(f"topk(15, max by (model, layer) (memprof_layer_retained_bytes{{{q.layer_no_root}}}))",
                           "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
     ])
     over_time: Section = ("Over time", [
         (timeseries("Per-layer peak increase",
                     "The 10 layers with the largest peak increase at each point in time.",
-                    [target(f"topk(10, max by (model, layer) (memprof_layer_peak_increase_bytes{{{LAYER_NO_ROOT}}}))",
+                    [target(f"topk(10, max by (model, layer) (memprof_layer_peak_increase_bytes{{{q.layer_no_root}}}))",
                             "{{model}} {{layer}}")], "bytes"), 12, 9),
         (timeseries("Per-layer peak allocated",
                     "Absolute allocator level at each layer's peak, for the 10 highest layers.",
-                    [target(f"topk(10, max by (model, layer) (memprof_layer_peak_allocated_bytes{{{LAYER_NO_ROOT}}}))",
+                    [target(f"topk(10, max by (model, layer) (memprof_layer_peak_allocated_bytes{{{q.layer_no_root}}}))",
                             "{{model}} {{layer}}")], "bytes"), 12, 9),
         (timeseries("Per-layer mean forward time",
                     "Mean duration of one attributed forward call of each layer (10 slowest). "
                     "Attribution is sampled, so this is over the attributed calls only.",
-                    [target(f"topk(10, sum by (model, layer) (rate(memprof_layer_forward_seconds_sum{{{LAYER_NO_ROOT}}}[$__rate_interval]))"
-                            f" / sum by (model, layer) (rate(memprof_layer_forward_seconds_count{{{LAYER_NO_ROOT}}}[$__rate_interval])))",
+                    [target(f"topk(10, sum by (model, layer) (rate(memprof_layer_forward_seconds_sum{{{q.layer_no_root}}}[$__rate_interval]))"
+                            f" / sum by (model, layer) (rate(memprof_layer_forward_seconds_count{{{q.layer_no_root}}}[$__rate_interval])))",
                             "{{model}} {{layer}}")], "s"), 12, 9),
         (timeseries("Per-layer fragmentation (CUDA)",
                     "Mean CUDA caching-allocator fragmentation (inactive split / reserved) at the exits of "
                     "each layer's attributed calls (10 highest). CUDA layers only: CPU attribution counts "
                     "tensor storages, which have no heap layout, so CPU layers have no such series "
                     "(the Overview's allocator fragmentation shows the host heap).",
-                    [target(f"topk(10, max by (model, layer) (memprof_layer_fragmentation_ratio{{{LAYER_NO_ROOT}}}))",
+                    [target(f"topk(10, max by (model, layer) (memprof_layer_fragmentation_ratio{{{q.layer_no_root}}}))",
                             "{{model}} {{layer}}")], "percentunit", max_one=True), 12, 9),
     ])
     all_layers: Section = ("All layers", [
         (table("Layer memory",
                "Every exported layer (the root module, layer empty, is the whole model).",
-               [target(f"max by (model, layer) (memprof_layer_peak_increase_bytes{{{LAYER}}})", instant=True, table=True),
-                target(f"max by (model, layer) (memprof_layer_peak_allocated_bytes{{{LAYER}}})", instant=True, table=True),
-                target(f"max by (model, layer) (memprof_layer_retained_bytes{{{LAYER}}})", instant=True, table=True)],
+               [target(f"max by (model, layer) (memprof_layer_peak_increase_bytes{{{q.layer}}})", instant=True, table=True),
+                target(f"max by (model, layer) (memprof_layer_peak_allocated_bytes{{{q.layer}}})", instant=True, table=True),
+                target(f"max by (model, layer) (memprof_layer_retained_bytes{{{q.layer}}})", instant=True, table=True)],
                {"Value #A": ("peak increase", "bytes"), "Value #B": ("peak allocated", "bytes"),
                 "Value #C": ("retained", "bytes")},
                sort_by="peak increase"), 24, 12),
     ])
-    return dashboard("memprof-layers", "memprof-otel / Layers",
+    return dashboard(q, "layers", "Layers",
                      "Per-layer memory of instrumented models: each layer's transient peak, what it "
                      "retains, its absolute peak, forward time, and fragmentation on CUDA.",
                      [top, over_time, all_layers])
 
 
-def operations() -> dict[str, Any]:
-    op_var = query_var("operation", "Operation", "label_values(memprof_operation_duration_seconds_count, operation)")
+def operations(q: Matchers) -> dict[str, Any]:
+    exemplars = q.cfg["dashboards"]["exemplars"]
 
     def quantiles(family: str) -> list[dict[str, Any]]:
-        return [target(f"histogram_quantile({q}, sum by (operation, le) (rate({family}_bucket{{{OP}}}[$__rate_interval])))",
-                       f"{{{{operation}}}} p{int(q * 100)}") for q in (0.5, 0.95)]
+        return [target(f"histogram_quantile({p}, sum by (operation, le) (rate({family}_bucket{{{q.op}}}[$__rate_interval])))",
+                       f"{{{{operation}}}} p{int(p * 100)}", exemplar=exemplars) for p in (0.5, 0.95)]
 
     traffic: Section = ("Traffic and latency", [
         (timeseries("Operations per second",
                     "Completed operations (mp.operation blocks) per second.",
-                    [target(f"sum by (operation) (rate(memprof_operation_duration_seconds_count{{{OP}}}[$__rate_interval]))",
+                    [target(f"sum by (operation) (rate(memprof_operation_duration_seconds_count{{{q.op}}}[$__rate_interval]))",
                             "{{operation}}")], "ops"), 12, 8),
         (timeseries("Operation duration p50 / p95",
                     "Quantiles of operation duration from the histogram's buckets.",
@@ -392,60 +440,43 @@ def operations() -> dict[str, Any]:
                     "Quantiles of the memory peak during an operation, and its mean. The histogram's "
                     "buckets are powers of 4 from 1 MiB, so quantiles are coarse; the mean is exact.",
                     [*quantiles("memprof_operation_memory_peak_bytes"),
-                     target(f"sum by (operation) (rate(memprof_operation_memory_peak_bytes_sum{{{OP}}}[$__rate_interval]))"
-                            f" / sum by (operation) (rate(memprof_operation_memory_peak_bytes_count{{{OP}}}[$__rate_interval]))",
+                     target(f"sum by (operation) (rate(memprof_operation_memory_peak_bytes_sum{{{q.op}}}[$__rate_interval]))"
+                            f" / sum by (operation) (rate(memprof_operation_memory_peak_bytes_count{{{q.op}}}[$__rate_interval]))",
                             "{{operation}} mean")], "bytes"), 12, 8),
         (timeseries("Operation memory delta (last)",
                     "Memory level after the last operation minus before it; growing values point "
                     "at memory an operation keeps.",
-                    [target(f"memprof_operation_memory_delta_bytes{{{OP}}}", "{{instance}} {{operation}}")],
+                    [target(f"memprof_operation_memory_delta_bytes{{{q.op}}}", "{{instance}} {{operation}}")],
                     "bytes", min_zero=False), 12, 8),
     ])
     summary: Section = ("Selected range", [
         (table("Operations in the selected range",
                "Count, mean duration and p95 memory peak of each operation over the dashboard's time range.",
-               [target(f"sum by (operation) (increase(memprof_operation_duration_seconds_count{{{OP}}}[$__range]))",
+               [target(f"sum by (operation) (increase(memprof_operation_duration_seconds_count{{{q.op}}}[$__range]))",
                        instant=True, table=True),
-                target(f"sum by (operation) (increase(memprof_operation_duration_seconds_sum{{{OP}}}[$__range]))"
-                       f" / sum by (operation) (increase(memprof_operation_duration_seconds_count{{{OP}}}[$__range]))",
+                target(f"sum by (operation) (increase(memprof_operation_duration_seconds_sum{{{q.op}}}[$__range]))"
+                       f" / sum by (operation) (increase(memprof_operation_duration_seconds_count{{{q.op}}}[$__range]))",
                        instant=True, table=True),
-                target(f"histogram_quantile(0.95, sum by (operation, le) (increase(memprof_operation_memory_peak_bytes_bucket{{{OP}}}[$__range])))",
+                target(f"histogram_quantile(0.95, sum by (operation, le) (increase(memprof_operation_memory_peak_bytes_bucket{{{q.op}}}[$__range])))",
                        instant=True, table=True)],
                {"Value #A": ("count", "short"), "Value #B": ("mean duration", "s"),
                 "Value #C": ("p95 memory peak", "bytes")},
                sort_by="count"), 24, 8),
     ])
-    return dashboard("memprof-operations", "memprof-otel / Operations",
+    return dashboard(q, "operations", "Operations",
                      "Operations marked with mp.operation(...): rate, latency and memory per operation.",
-                     [traffic, memory, summary], extra_vars=(op_var,))
+                     [traffic, memory, summary], extra_vars=("operation",))
 
 
-DASHBOARDS = {"memprof-overview.json": overview, "memprof-layers.json": layers,
-              "memprof-operations.json": operations}
+# file name (under grafana/dashboards/) -> builder
+DASHBOARDS = {"overview": overview, "layers": layers, "operations": operations}
 
 
-def render(build: Any) -> str:
-    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if a dashboard file is out of date")
-    args = ap.parse_args(argv)
-    stale = []
-    for name, build in DASHBOARDS.items():
-        path = OUT_DIR / name
-        text = render(build)
-        if args.check:
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
-    if stale:
-        print(f"out of date: {', '.join(stale)}; run python grafana/generate_dashboards.py", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def render_all(cfg: dict[str, Any]) -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    q = Matchers(cfg)
+    out = {}
+    for key, build in DASHBOARDS.items():
+        d = build(q)
+        out[f"{d['uid']}.json"] = json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+    return out

@@ -1,0 +1,303 @@
+"""The alert rules, one function each, built from the configuration.
+
+Adding an alert: write a function below decorated with ``@alert("Name")`` that returns a
+``Rule``, add its defaults under ``alerts.rules`` in config.yaml (``enabled``, ``severity``,
+``for`` and its thresholds), its promtool cases in deploy/prometheus/alerts_test.yml, and its
+section in docs/runbooks.md (the heading is the alert's name: the runbook_url anchor).
+
+Every selector goes through ``c.m(...)`` so the configured extra matchers reach it. Thresholds,
+``for`` durations and the words that describe them come from the same configuration values, so
+the annotations never disagree with the expression.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .promql import duration_words, iec_bytes, matchers, percent, seconds_words, series
+
+
+@dataclass(frozen=True)
+class Rule:
+    alert: str
+    expr: str
+    summary: str
+    description: str
+    severity: str = ""           # "" takes the configured severity
+    for_: str | None = None      # None takes the configured `for`, if any
+    comment: str = ""            # why the rule is written this way (a comment in alerts.yml)
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What an alert function sees: its own settings and the selector helpers."""
+    params: dict[str, Any]
+    selector: str
+    job_selector: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def m(self, name: str, *parts: str) -> str:
+        """A series selector carrying the configured extra matchers."""
+        return series(name, *parts, self.selector)
+
+
+# matchers used inside f-strings (a backslash there needs Python 3.12)
+NOT_CPU, CUDA = 'device!="cpu"', 'device=~"cuda:.*"'
+NOT_NVML, NVML = 'source!="nvml"', 'source="nvml"'
+OTLP = 'exporter=~"otlp_.*"'
+
+AlertFn = Callable[[Ctx], Rule]
+ALERTS: dict[str, AlertFn] = {}
+
+
+def alert(name: str) -> Callable[[AlertFn], AlertFn]:
+    def register(fn: AlertFn) -> AlertFn:
+        ALERTS[name] = fn
+        return fn
+    return register
+
+
+# ---------------------------------------------------------------------------- the rules
+
+@alert("MemprofTargetDown")
+def target_down(c: Ctx) -> Rule:
+    f = duration_words(c.params["for"])
+    return Rule(
+        "MemprofTargetDown",
+        f"{series('up', matchers(c.job_selector, c.selector))} == 0",
+        "memprof-otel endpoint {{ $labels.instance }} is down",
+        "Prometheus has not been able to scrape {{ $labels.instance }} (job {{ $labels.job }}) "
+        f"for {f}. The endpoint runs inside the instrumented process, so the process has "
+        "probably exited (crash, OOM kill) or its HTTP server stopped. No other memprof alert "
+        "can fire for this instance until it is back.",
+        comment="The endpoint lives inside the instrumented process: a target that stops answering usually\n"
+                "means the server itself died (crash, OOM kill), hence critical.")
+
+
+@alert("MemprofOutOfMemory")
+def out_of_memory(c: Ctx) -> Rule:
+    w = c.params["window"]
+    return Rule(
+        "MemprofOutOfMemory",
+        f"increase({c.m('memprof_allocator_ooms_total')}[{w}]) > 0",
+        "Out-of-memory errors on {{ $labels.device }} at {{ $labels.instance }}",
+        "The {{ $labels.device }} allocator of {{ $labels.instance }} raised out-of-memory errors "
+        f"in the last {duration_words(w)} (about {{{{ $value | printf \"%.0f\" }}}}). Requests that hit them "
+        "failed; the operation spans carry an exception event with the memory figures.")
+
+
+@alert("MemprofAllocatorRetries")
+def allocator_retries(c: Ctx) -> Rule:
+    w = c.params["window"]
+    return Rule(
+        "MemprofAllocatorRetries",
+        f"rate({c.m('memprof_allocator_alloc_retries_total')}[{w}]) > 0",
+        "Allocator retries on {{ $labels.device }} at {{ $labels.instance }}",
+        "The {{ $labels.device }} allocator of {{ $labels.instance }} retried failed allocations "
+        f"after freeing its cache ({{{{ $value | printf \"%.2g\" }}}} retries/s over {duration_words(w)}). "
+        "Each retry stalls the device; memory is close to full.",
+        comment="A retry means an allocation failed, the allocator freed its cached blocks and tried again:\n"
+                "a device-wide synchronisation on the request path, and the last step before an OOM.")
+
+
+@alert("MemprofFragmentationHigh")
+def fragmentation_high(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofFragmentationHigh",
+        f"{c.m('memprof_allocator_fragmentation_ratio', NOT_CPU)} > {p['ratio']:g}\n"
+        "and on(instance, job, device)\n"
+        f"{c.m('memprof_allocator_reserved_bytes')} > {p['min_reserved_bytes']:.0f}",
+        "{{ $labels.device }} allocator at {{ $labels.instance }} is {{ $value | humanizePercentage }} fragmented",
+        f"For {duration_words(p['for'])} {{{{ $value | humanizePercentage }}}} of the memory reserved by the "
+        f"{{{{ $labels.device }}}} allocator (over {iec_bytes(p['min_reserved_bytes'])}) has been in unusable split "
+        "blocks. Large allocations can fail although enough memory is free in total; see "
+        "memprof_layer_fragmentation_ratio for the layers involved.",
+        comment="fragmentation = inactive split blocks / reserved (docs/reference.md): memory that is\n"
+                "reserved and free but too fragmented to serve a large request. Ignored while little is\n"
+                "reserved, and for the host allocator: glibc serves large requests with mmap, so its gaps\n"
+                "cannot fail one, and they are routinely high (~45% in the healthy CPU demo).")
+
+
+@alert("MemprofMemoryBaselineGrowth")
+def memory_baseline_growth(c: Ctx) -> Rule:
+    p = c.params
+
+    def floor_growth(metric: str, on: str) -> str:
+        now = f"quantile_over_time(0.1, {c.m(metric)}[1h])"
+        before = f"quantile_over_time(0.1, {c.m(metric)}[1h] offset 1h)"
+        return ("(\n"
+                f"  {now}\n    / {before} - 1 > {p['growth_ratio']:g}\n"
+                f"  and on({on})\n"
+                f"  {now}\n    - {before} > {p['min_growth_bytes']:.0f}\n"
+                f"  and on({on})\n"
+                f"  {c.m(metric)} offset 2h\n"
+                ")")
+    return Rule(
+        "MemprofMemoryBaselineGrowth",
+        floor_growth("memprof_process_resident_memory_bytes", "instance, job") + "\nor\n"
+        + floor_growth("memprof_allocator_allocated_bytes", "instance, job, device"),
+        "Memory baseline of {{ $labels.instance }}{{ with $labels.device }} ({{ . }} allocator){{ end }} "
+        "grew {{ $value | humanizePercentage }} in an hour",
+        "The floor of {{ if $labels.device }}memory allocated on {{ $labels.device }}{{ else }}process "
+        "resident memory{{ end }} (10th percentile over the last hour) is {{ $value | humanizePercentage }} "
+        f"above the hour before, and more than {iec_bytes(p['min_growth_bytes'])} higher. Memory that keeps "
+        "rising under steady traffic is a leak signal: look at memprof_layer_retained_bytes per layer, or take "
+        "a dump (POST /v1/dumps).",
+        comment="Leak signal. The \"baseline\" is the 10th percentile over an hour rather than the minimum:\n"
+                "it ignores transient peaks, and a few minutes of low readings (start-up before the model is\n"
+                "loaded, a restart) that would otherwise stand as the previous hour's floor and make a\n"
+                "healthy process look like it grew. The `offset 2h` term waits until the previous hour is\n"
+                "fully covered by data. Fires when the last hour's baseline grew by more than the ratio and\n"
+                "the bytes configured; the value is the growth as a fraction (0.25 = +25%).")
+
+
+@alert("MemprofMemoryFullIn1h")
+def memory_full_in_1h(c: Ctx) -> Rule:
+    return Rule(
+        "MemprofMemoryFullIn1h",
+        f"predict_linear({c.m('memprof_process_resident_memory_bytes')}[30m], 3600)\n"
+        f"  > on(instance, job) {c.m('memprof_process_memory_limit_bytes')}\n"
+        "or\n"
+        f"predict_linear({c.m('memprof_allocator_reserved_bytes', CUDA)}[30m], 3600)\n"
+        "  > on(instance, job, device)\n"
+        f"    label_replace({c.m('memprof_gpu_memory_total_bytes')}, \"device\", \"cuda:$1\", \"gpu\", \"(.+)\")",
+        "{{ if $labels.device }}{{ $labels.device }} allocator{{ else }}Process memory{{ end }} of "
+        "{{ $labels.instance }} is on course to hit its limit within an hour",
+        "At the rate of the last 30 minutes, {{ if $labels.device }}the memory reserved by the "
+        "{{ $labels.device }} allocator will exceed the GPU's total memory{{ else }}resident memory "
+        "will exceed the cgroup memory limit{{ end }} within an hour (projected "
+        "{{ $value | humanize1024 }}B).",
+        comment="Projects the last 30 minutes an hour ahead: RSS against the cgroup limit, and what CUDA's\n"
+                "caching allocator reserves against the GPU's total memory. The GPU side matches torch's\n"
+                "`cuda:N` to NVML's `gpu=\"N\"`, which holds when both see the same devices in the same order\n"
+                "(one GPU per container, or CUDA_DEVICE_ORDER=PCI_BUS_ID without CUDA_VISIBLE_DEVICES\n"
+                "reordering). The value is the projected size in bytes.")
+
+
+@alert("MemprofRssNearCgroupLimit")
+def rss_near_cgroup_limit(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofRssNearCgroupLimit",
+        f"{c.m('memprof_process_resident_memory_bytes')}\n"
+        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {p['ratio']:g}",
+        "{{ $labels.instance }} uses {{ $value | humanizePercentage }} of its cgroup memory limit",
+        f"Resident memory of {{{{ $labels.instance }}}} has been above {percent(p['ratio'])} of its cgroup "
+        f"memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The kernel "
+        "OOM-kills the container when the cgroup reaches its limit.")
+
+
+@alert("MemprofGpuMemoryNearFull")
+def gpu_memory_near_full(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofGpuMemoryNearFull",
+        f"{c.m('memprof_gpu_memory_used_bytes')} / {c.m('memprof_gpu_memory_total_bytes')} > {p['ratio']:g}",
+        "GPU {{ $labels.gpu }} seen by {{ $labels.instance }} is {{ $value | humanizePercentage }} full",
+        f"NVML has reported GPU {{{{ $labels.gpu }}}} ({{{{ $labels.gpu_uuid }}}}) more than {percent(p['ratio'])} "
+        f"full for {duration_words(p['for'])}. This counts every process on the device "
+        "(memprof_gpu_process_memory_used_bytes is this process's share); the next allocation "
+        "peak may fail with an out-of-memory error.")
+
+
+@alert("MemprofSamplerStale")
+def sampler_stale(c: Ctx) -> Rule:
+    return Rule(
+        "MemprofSamplerStale",
+        f"time() - {c.m('memprof_sampler_last_success_timestamp_seconds')} > {c.params['max_age_seconds']:g}",
+        "memprof sampler of {{ $labels.instance }} last succeeded {{ $value | humanizeDuration }} ago",
+        "The metrics of {{ $labels.instance }} come from a sample {{ $value | humanizeDuration }} "
+        "old: the sampler thread is stuck or every source fails (see memprof_sampler_errors_total, "
+        "memprof_source_up and /healthz).",
+        comment="Every figure is served from the last sampler snapshot, so a stuck sampler would otherwise\n"
+                "go unnoticed: the endpoint keeps answering with old values.")
+
+
+@alert("MemprofSamplerSlow")
+def sampler_slow(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofSamplerSlow",
+        f"{c.m('memprof_sampler_duration_seconds')} > {p['max_duration_seconds']:g}",
+        "memprof sampler of {{ $labels.instance }} takes {{ $value | humanizeDuration }} per sample",
+        f"For {duration_words(p['for'])} one sample has taken more than {seconds_words(p['max_duration_seconds'])} "
+        "on {{ $labels.instance }} ({{ $value | humanizeDuration }} now). The sampler competes with the "
+        "workload for CPU time; raise sampler.interval or look for a slow source (memprof_source_up, "
+        "memprof_sampler_errors_total).")
+
+
+@alert("MemprofSourceDown")
+def source_down(c: Ctx) -> Rule:
+    return Rule(
+        "MemprofSourceDown",
+        f"{c.m('memprof_source_up', NOT_NVML)} == 0\n"
+        "or\n"
+        f"{c.m('memprof_source_up', NVML)} == 0\n"
+        "  and on(instance, job)\n"
+        f"  count by (instance, job) ({c.m('memprof_allocator_reserved_bytes', CUDA)})",
+        "memprof source {{ $labels.source }} of {{ $labels.instance }} is down",
+        f"The {{{{ $labels.source }}}} memory source of {{{{ $labels.instance }}}} has failed every sample for "
+        f"{duration_words(c.params['for'])}: the figures it feeds are missing or stale while the others "
+        "keep coming. memprof_sampler_errors_total{source} counts the failures; the process log has "
+        "their reason.",
+        comment="A source that fails keeps the others running (the sampler marks it down and goes on), so only\n"
+                "this alert says its figures are gone. nvml is down on every machine without a GPU, so it only\n"
+                "counts where the process uses CUDA (an allocator series on a cuda:N device).")
+
+
+@alert("MemprofOtlpExportFailing")
+def otlp_export_failing(c: Ctx) -> Rule:
+    w = c.params["window"]
+    return Rule(
+        "MemprofOtlpExportFailing",
+        f"rate({c.m('memprof_export_errors_total', OTLP)}[{w}]) > 0",
+        "OTLP export {{ $labels.exporter }} of {{ $labels.instance }} is failing",
+        f"For {duration_words(c.params['for'])} the {{{{ $labels.exporter }}}} exporter of {{{{ $labels.instance }}}} "
+        f"has failed exports ({{{{ $value | printf \"%.2g\" }}}} failures/s over {duration_words(w)}): what it pushes "
+        "over OTLP (metrics or spans) is being dropped at the collector's door. The model is not slowed "
+        "and /metrics is unaffected.",
+        comment="Exports run on background threads and a failed one costs nothing but this counter, so a\n"
+                "collector outage is silent without this alert. A single failed export (a collector restart)\n"
+                "does not last the `for`.")
+
+
+@alert("MemprofWatchdogAlertFiring")
+def watchdog_alert_firing(c: Ctx) -> Rule:
+    return Rule(
+        "MemprofWatchdogAlertFiring",
+        f"{c.m('memprof_alert_active')} == 1",
+        "Watchdog rule {{ $labels.rule }} is firing on {{ $labels.instance }}",
+        "The in-process watchdog rule {{ $labels.rule }} (severity {{ $labels.severity }}) of "
+        "{{ $labels.instance }} is firing: its metric is past memprof_watchdog_threshold for the "
+        "rule's `for`. GET /v1/alerts on the endpoint shows its value and since when.",
+        severity="{{ $labels.severity }}",
+        comment="Mirrors the in-process watchdog (config watchdog.rules) into Alertmanager. The rule's own\n"
+                "severity label is passed through rather than fixed here.")
+
+
+# ---------------------------------------------------------------------------- assembling
+
+def rules(cfg: dict[str, Any]) -> list[tuple[Rule, dict[str, Any]]]:
+    """(rule, its Prometheus rule mapping) for every enabled alert, in the order above."""
+    a = cfg["alerts"]
+    configured, known = set(a["rules"]), set(ALERTS)
+    if configured != known:
+        raise ValueError(f"config alerts.rules and alerts.py disagree: only in the config {sorted(configured - known)}, "
+                         f"only in alerts.py {sorted(known - configured)}")
+    out = []
+    for name, fn in ALERTS.items():
+        params = a["rules"][name]
+        if not params.get("enabled", True):
+            continue
+        r = fn(Ctx(params, cfg["selector"], cfg["job_selector"]))
+        assert r.alert == name, (r.alert, name)
+        doc: dict[str, Any] = {"alert": r.alert, "expr": r.expr}
+        if (f := r.for_ if r.for_ is not None else params.get("for")):
+            doc["for"] = f
+        doc["labels"] = {"severity": r.severity or params["severity"], **a["extra_labels"]}
+        doc["annotations"] = {"summary": r.summary, "description": r.description,
+                              "runbook_url": f"{a['runbook_url_base']}#{name.lower()}"}
+        out.append((r, doc))
+    return out

@@ -1,0 +1,230 @@
+"""mixin/: a user's configuration reaches every generated query, threshold, duration and label;
+what it writes passes the real promtool; bad configurations fail with one line naming the key;
+the shipped files are the defaults' output (`python -m mixin --check`)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mixin import alerts as mixin_alerts
+from mixin import config as mixin_config
+from mixin import outputs as mixin_outputs
+
+from . import asset_queries as aq
+from .promtool import report, run
+
+CUSTOM = {
+    "selector": 'namespace="ml", cluster=~"prod-.*"',
+    "job_selector": 'job="ml/memprof-workers"',
+    "alerts": {
+        "group_name": "memprof-ml",
+        "runbook_url_base": "https://wiki.example/memprof/runbooks",
+        "extra_labels": {"team": "ml-platform"},
+        "rules": {
+            "MemprofTargetDown": {"for": "5m", "severity": "warning"},
+            "MemprofRssNearCgroupLimit": {"ratio": 0.8, "for": "1m"},
+            "MemprofSamplerSlow": {"max_duration_seconds": 2},
+            "MemprofFragmentationHigh": {"min_reserved_bytes": 4294967296},
+            "MemprofWatchdogAlertFiring": {"enabled": False},
+        },
+    },
+    "dashboards": {"cluster_label": "k8s_cluster", "uid_prefix": "ml-memprof-", "exemplars": False},
+    "kubernetes": {"namespace": "monitoring", "labels": {"release": "kube-prometheus-stack"}},
+}
+
+
+@pytest.fixture(scope="module")
+def custom(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """The files `python -m mixin --config custom.yaml --out DIR` writes, read back."""
+    root = tmp_path_factory.mktemp("mixin")
+    (root / "custom.yaml").write_text(yaml.safe_dump(CUSTOM))
+    result = subprocess.run([sys.executable, "-m", "mixin", "--config", str(root / "custom.yaml"),
+                             "--out", str(root / "out")], cwd=aq.REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    files = {p.relative_to(root / "out").as_posix(): p.read_text(encoding="utf-8")
+             for p in (root / "out").rglob("*") if p.is_file()}
+    return root / "out", files
+
+
+def _rules(text: str, *path: str) -> dict[str, dict[str, Any]]:
+    doc = yaml.safe_load(text)
+    for key in path:
+        doc = doc[key]
+    (group,) = doc
+    return {r["alert"]: r for r in group["rules"]}
+
+
+def _selectors(expr: str) -> list[tuple[str, str]]:
+    """(metric, matchers) of every series selector in a PromQL expression."""
+    return re.findall(r"\b(memprof_\w+|up)(?:\{([^{}]*)\})?(?!\w|\s*\()", expr)
+
+
+# ---------------------------------------------------------------------------- the shipped files
+
+def test_shipped_files_are_the_defaults_output() -> None:
+    result = subprocess.run([sys.executable, "-m", "mixin", "--check"], cwd=aq.REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_reports_a_stale_file(tmp_path: Path) -> None:
+    for rel, text in mixin_outputs.render(mixin_config.load()).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    alerts = tmp_path / "deploy/prometheus/alerts.yml"
+    alerts.write_text(alerts.read_text().replace("for: 2m", "for: 3m", 1))
+    result = subprocess.run([sys.executable, "-m", "mixin", "--check", "--out", str(tmp_path)], cwd=aq.REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "deploy/prometheus/alerts.yml" in result.stderr
+
+
+def test_defaults_file_and_alert_functions_agree() -> None:
+    assert list(mixin_config.defaults()["alerts"]["rules"]) == list(mixin_alerts.ALERTS)
+
+
+# ---------------------------------------------------------------------------- a user's config
+
+def test_custom_rules_pass_promtool(custom: tuple[Path, dict[str, str]], promtool: str) -> None:
+    out, files = custom
+    result = run(promtool, "check", "rules", "alerts.yml", cwd=out / "deploy/prometheus")
+    assert result.returncode == 0, report(result)
+    assert f"SUCCESS: {len(mixin_alerts.ALERTS) - 1} rules found" in result.stdout   # one disabled
+
+
+def test_custom_selector_reaches_every_rule_selector(custom: tuple[Path, dict[str, str]]) -> None:
+    rules = _rules(custom[1]["deploy/prometheus/alerts.yml"], "groups")
+    assert "MemprofWatchdogAlertFiring" not in rules
+    for name, r in rules.items():
+        found = _selectors(r["expr"])
+        assert found, name
+        for metric, inside in found:
+            assert CUSTOM["selector"] in inside, (name, metric, inside)
+    assert rules["MemprofTargetDown"]["expr"] == 'up{job="ml/memprof-workers", namespace="ml", cluster=~"prod-.*"} == 0'
+
+
+def test_custom_thresholds_durations_and_labels(custom: tuple[Path, dict[str, str]]) -> None:
+    rules = _rules(custom[1]["deploy/prometheus/alerts.yml"], "groups")
+    down, rss = rules["MemprofTargetDown"], rules["MemprofRssNearCgroupLimit"]
+    assert down["for"] == "5m" and down["labels"] == {"severity": "warning", "team": "ml-platform"}
+    assert "for 5 minutes" in down["annotations"]["description"]
+    assert down["annotations"]["runbook_url"] == "https://wiki.example/memprof/runbooks#memproftargetdown"
+    assert rss["expr"].rstrip().endswith("> 0.8") and rss["for"] == "1m"
+    assert "above 80% of its cgroup memory limit for 1 minute " in rss["annotations"]["description"]
+    assert rules["MemprofSamplerSlow"]["expr"].endswith("> 2")
+    assert "more than 2s" in rules["MemprofSamplerSlow"]["annotations"]["description"]
+    frag = rules["MemprofFragmentationHigh"]
+    assert "> 4294967296" in frag["expr"] and "(over 4 GiB)" in frag["annotations"]["description"]
+    # everything not overridden keeps its default
+    assert rules["MemprofGpuMemoryNearFull"]["for"] == "5m"
+
+
+def test_custom_prometheusrule(custom: tuple[Path, dict[str, str]]) -> None:
+    files = custom[1]
+    doc = yaml.safe_load(files["deploy/kubernetes/prometheusrule.yaml"])
+    assert doc["metadata"]["namespace"] == "monitoring"
+    assert doc["metadata"]["labels"] == {"app.kubernetes.io/name": "memprof-otel", "release": "kube-prometheus-stack"}
+    assert doc["spec"]["groups"] == yaml.safe_load(files["deploy/prometheus/alerts.yml"])["groups"]
+    assert doc["spec"]["groups"][0]["name"] == "memprof-ml"
+
+
+def test_custom_dashboards(custom: tuple[Path, dict[str, str]]) -> None:
+    files = custom[1]
+    boards = {rel: json.loads(t) for rel, t in files.items() if rel.startswith("grafana/dashboards/")}
+    assert sorted(boards) == [f"grafana/dashboards/ml-memprof-{n}.json" for n in ("layers", "operations", "overview")]
+    cm = yaml.safe_load(files["deploy/kubernetes/dashboards-configmap.yaml"])
+    assert {f"grafana/dashboards/{k}" for k in cm["data"]} == set(boards)
+    for rel, d in boards.items():
+        assert d["uid"] == Path(rel).stem
+        variables = dict(aq.variable_queries(d))
+        assert variables["cluster"] == f'label_values(memprof_build_info{{{CUSTOM["selector"]}}}, k8s_cluster)'
+        assert 'k8s_cluster=~"$cluster"' in variables["namespace"]
+        exprs = [t["expr"] for p in aq.iter_panels(d) for t in p.get("targets", [])] + list(variables.values())
+        for expr in exprs:
+            for metric, inside in _selectors(expr):
+                assert CUSTOM["selector"] in inside, (rel, metric, expr)
+        assert not any(t.get("exemplar") for p in aq.iter_panels(d) for t in p.get("targets", []))
+
+
+# ---------------------------------------------------------------------------- the job selector at work
+
+def test_custom_job_selector_fires_for_that_job_only(custom: tuple[Path, dict[str, str]], promtool: str,
+                                                     tmp_path: Path) -> None:
+    """Under the Prometheus Operator the job is the Service's (or PodMonitor's) name: the
+    configured job_selector is what MemprofTargetDown watches."""
+    (tmp_path / "alerts.yml").write_text(custom[1]["deploy/prometheus/alerts.yml"])
+    tests = {"rule_files": ["alerts.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": 'up{job="ml/memprof-workers", namespace="ml", cluster="prod-eu", instance="10.0.0.7:9464"}',
+             "values": "0x10"},
+            # the default job name, and the right job in another namespace: not ours
+            {"series": 'up{job="memprof-otel", namespace="ml", cluster="prod-eu", instance="10.0.0.8:9464"}',
+             "values": "0x10"},
+            {"series": 'up{job="ml/memprof-workers", namespace="dev", cluster="prod-eu", instance="10.0.0.9:9464"}',
+             "values": "0x10"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "4m", "alertname": "MemprofTargetDown", "exp_alerts": []},
+            {"eval_time": "6m", "alertname": "MemprofTargetDown", "exp_alerts": [{
+                "exp_labels": {"severity": "warning", "team": "ml-platform", "job": "ml/memprof-workers",
+                               "namespace": "ml", "cluster": "prod-eu", "instance": "10.0.0.7:9464"},
+                "exp_annotations": yaml.safe_load(custom[1]["deploy/prometheus/alerts.yml"])["groups"][0]["rules"][0]
+                ["annotations"] | {
+                    "summary": "memprof-otel endpoint 10.0.0.7:9464 is down",
+                    "description": "Prometheus has not been able to scrape 10.0.0.7:9464 (job ml/memprof-workers) for "
+                                   "5 minutes. The endpoint runs inside the instrumented process, so the process has "
+                                   "probably exited (crash, OOM kill) or its HTTP server stopped. No other memprof "
+                                   "alert can fire for this instance until it is back."},
+            }]},
+        ],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    result = run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+    assert result.returncode == 0, report(result)
+
+
+# ---------------------------------------------------------------------------- bad configurations
+
+@pytest.mark.parametrize(("text", "key"), [
+    ("selectr: x\n", "selectr"),
+    ("alerts: {rules: {MemprofTargetDown: {for: soon}}}\n", "alerts.rules.MemprofTargetDown.for"),
+    ("alerts: {rules: {MemprofRssNearCgroupLimit: {ratio: high}}}\n", "alerts.rules.MemprofRssNearCgroupLimit.ratio"),
+    ("alerts: {rules: {MemprofNoSuchAlert: {enabled: true}}}\n", "alerts.rules.MemprofNoSuchAlert"),
+    ("alerts: {rules: {MemprofTargetDown: {enabled: 'no'}}}\n", "alerts.rules.MemprofTargetDown.enabled"),
+    ("alerts: {extra_labels: {'bad-label': x}}\n", "alerts.extra_labels.bad-label"),
+    ("selector: '{namespace=\"ml\"}'\n", "selector"),
+    ("dashboards: [a]\n", "dashboards"),
+])
+def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(mixin_config.MixinConfigError, match=re.escape(key)):
+        mixin_config.load(tmp_path / "bad.yaml")
+    result = subprocess.run([sys.executable, "-m", "mixin", "--config", str(tmp_path / "bad.yaml"),
+                             "--out", str(tmp_path / "out")], cwd=aq.REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1 and key in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_without_out_is_refused(tmp_path: Path) -> None:
+    """A user's config never overwrites the shipped (default) files by accident."""
+    (tmp_path / "mine.yaml").write_text("job_selector: 'job=\"x\"'\n")
+    result = subprocess.run([sys.executable, "-m", "mixin", "--config", str(tmp_path / "mine.yaml")],
+                            cwd=aq.REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--out" in result.stderr
+
+
+def test_generated_yaml_is_checked_against_its_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards the guard: text that would parse to something else is refused, not written."""
+    monkeypatch.setattr(mixin_outputs, "_scalar", lambda value: value)   # no quoting at all
+    cfg = mixin_config.load()
+    cfg["alerts"]["extra_labels"] = {"note": "a: b"}
+    with pytest.raises(mixin_outputs.GeneratedFileError):
+        mixin_outputs.alerts_yml(cfg)
