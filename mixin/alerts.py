@@ -12,10 +12,10 @@ the annotations never disagree with the expression.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .promql import duration_words, iec_bytes, matchers, percent, seconds_words, series
+from .promql import duration_words, iec_bytes, matchers, number, percent, seconds_words, series
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,6 @@ class Ctx:
     params: dict[str, Any]
     selector: str
     job_selector: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def m(self, name: str, *parts: str) -> str:
         """A series selector carrying the configured extra matchers."""
@@ -106,9 +105,9 @@ def fragmentation_high(c: Ctx) -> Rule:
     p = c.params
     return Rule(
         "MemprofFragmentationHigh",
-        f"{c.m('memprof_allocator_fragmentation_ratio', NOT_CPU)} > {p['ratio']:g}\n"
+        f"{c.m('memprof_allocator_fragmentation_ratio', NOT_CPU)} > {number(p['ratio'])}\n"
         "and on(instance, job, device)\n"
-        f"{c.m('memprof_allocator_reserved_bytes')} > {p['min_reserved_bytes']:.0f}",
+        f"{c.m('memprof_allocator_reserved_bytes')} > {number(p['min_reserved_bytes'])}",
         "{{ $labels.device }} allocator at {{ $labels.instance }} is {{ $value | humanizePercentage }} fragmented",
         f"For {duration_words(p['for'])} {{{{ $value | humanizePercentage }}}} of the memory reserved by the "
         f"{{{{ $labels.device }}}} allocator (over {iec_bytes(p['min_reserved_bytes'])}) has been in unusable split "
@@ -128,9 +127,9 @@ def memory_baseline_growth(c: Ctx) -> Rule:
         now = f"quantile_over_time(0.1, {c.m(metric)}[1h])"
         before = f"quantile_over_time(0.1, {c.m(metric)}[1h] offset 1h)"
         return ("(\n"
-                f"  {now}\n    / {before} - 1 > {p['growth_ratio']:g}\n"
+                f"  {now}\n    / {before} - 1 > {number(p['growth_ratio'])}\n"
                 f"  and on({on})\n"
-                f"  {now}\n    - {before} > {p['min_growth_bytes']:.0f}\n"
+                f"  {now}\n    - {before} > {number(p['min_growth_bytes'])}\n"
                 f"  and on({on})\n"
                 f"  {c.m(metric)} offset 2h\n"
                 ")")
@@ -182,7 +181,7 @@ def rss_near_cgroup_limit(c: Ctx) -> Rule:
     return Rule(
         "MemprofRssNearCgroupLimit",
         f"{c.m('memprof_process_resident_memory_bytes')}\n"
-        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {p['ratio']:g}",
+        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}",
         "{{ $labels.instance }} uses {{ $value | humanizePercentage }} of its cgroup memory limit",
         f"Resident memory of {{{{ $labels.instance }}}} has been above {percent(p['ratio'])} of its cgroup "
         f"memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The kernel "
@@ -194,7 +193,7 @@ def gpu_memory_near_full(c: Ctx) -> Rule:
     p = c.params
     return Rule(
         "MemprofGpuMemoryNearFull",
-        f"{c.m('memprof_gpu_memory_used_bytes')} / {c.m('memprof_gpu_memory_total_bytes')} > {p['ratio']:g}",
+        f"{c.m('memprof_gpu_memory_used_bytes')} / {c.m('memprof_gpu_memory_total_bytes')} > {number(p['ratio'])}",
         "GPU {{ $labels.gpu }} seen by {{ $labels.instance }} is {{ $value | humanizePercentage }} full",
         f"NVML has reported GPU {{{{ $labels.gpu }}}} ({{{{ $labels.gpu_uuid }}}}) more than {percent(p['ratio'])} "
         f"full for {duration_words(p['for'])}. This counts every process on the device "
@@ -206,7 +205,7 @@ def gpu_memory_near_full(c: Ctx) -> Rule:
 def sampler_stale(c: Ctx) -> Rule:
     return Rule(
         "MemprofSamplerStale",
-        f"time() - {c.m('memprof_sampler_last_success_timestamp_seconds')} > {c.params['max_age_seconds']:g}",
+        f"time() - {c.m('memprof_sampler_last_success_timestamp_seconds')} > {number(c.params['max_age_seconds'])}",
         "memprof sampler of {{ $labels.instance }} last succeeded {{ $value | humanizeDuration }} ago",
         "The metrics of {{ $labels.instance }} come from a sample {{ $value | humanizeDuration }} "
         "old: the sampler thread is stuck or every source fails (see memprof_sampler_errors_total, "
@@ -220,7 +219,7 @@ def sampler_slow(c: Ctx) -> Rule:
     p = c.params
     return Rule(
         "MemprofSamplerSlow",
-        f"{c.m('memprof_sampler_duration_seconds')} > {p['max_duration_seconds']:g}",
+        f"{c.m('memprof_sampler_duration_seconds')} > {number(p['max_duration_seconds'])}",
         "memprof sampler of {{ $labels.instance }} takes {{ $value | humanizeDuration }} per sample",
         f"For {duration_words(p['for'])} one sample has taken more than {seconds_words(p['max_duration_seconds'])} "
         "on {{ $labels.instance }} ({{ $value | humanizeDuration }} now). The sampler competes with the "

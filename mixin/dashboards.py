@@ -468,15 +468,14 @@ def operations(q: Matchers) -> dict[str, Any]:
                      [traffic, memory, summary], extra_vars=("operation",))
 
 
-# file name (under grafana/dashboards/) -> builder
-DASHBOARDS = {"overview": overview, "layers": layers, "operations": operations}
+DASHBOARDS = (overview, layers, operations)
 
 
 def render_all(cfg: dict[str, Any]) -> dict[str, str]:
-    """File name -> JSON text of every dashboard."""
+    """File name (the dashboard's uid + .json) -> JSON text of every dashboard."""
     q = Matchers(cfg)
     out = {}
-    for key, build in DASHBOARDS.items():
+    for build in DASHBOARDS:
         d = build(q)
         out[f"{d['uid']}.json"] = json.dumps(d, indent=2, ensure_ascii=False) + "\n"
     return out

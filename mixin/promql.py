@@ -19,6 +19,11 @@ def series(name: str, *parts: str) -> str:
     return f"{name}{{{inside}}}" if inside else name
 
 
+def number(x: float) -> str:
+    """A threshold as PromQL: exact (no rounding), without a trailing .0 (1073741824, 0.3)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
 def duration_words(duration: str) -> str:
     """'2m' -> '2 minutes', '1h30m' -> '1 hour 30 minutes'."""
     words = []

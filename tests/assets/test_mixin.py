@@ -92,8 +92,7 @@ def test_defaults_file_and_alert_functions_agree() -> None:
 # ---------------------------------------------------------------------------- a user's config
 
 def test_custom_rules_pass_promtool(custom: tuple[Path, dict[str, str]], promtool: str) -> None:
-    out, files = custom
-    result = run(promtool, "check", "rules", "alerts.yml", cwd=out / "deploy/prometheus")
+    result = run(promtool, "check", "rules", "alerts.yml", cwd=custom[0] / "deploy/prometheus")
     assert result.returncode == 0, report(result)
     assert f"SUCCESS: {len(mixin_alerts.ALERTS) - 1} rules found" in result.stdout   # one disabled
 
@@ -228,3 +227,12 @@ def test_generated_yaml_is_checked_against_its_data(monkeypatch: pytest.MonkeyPa
     cfg["alerts"]["extra_labels"] = {"note": "a: b"}
     with pytest.raises(mixin_outputs.GeneratedFileError):
         mixin_outputs.alerts_yml(cfg)
+
+
+def test_thresholds_are_written_exactly() -> None:
+    cfg = mixin_config.merge(mixin_config.defaults(), {"alerts": {"rules": {
+        "MemprofGpuMemoryNearFull": {"ratio": 0.123456789},
+        "MemprofFragmentationHigh": {"min_reserved_bytes": 3 * 2**30 + 1}}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(mixin_outputs.alerts_yml(cfg))["groups"][0]["rules"]}
+    assert rules["MemprofGpuMemoryNearFull"]["expr"].endswith("> 0.123456789")
+    assert "> 3221225473" in rules["MemprofFragmentationHigh"]["expr"]

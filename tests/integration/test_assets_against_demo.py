@@ -135,9 +135,9 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
             empty_blank = _empty_panels(prom, {**VARIABLE_VALUES, **chosen, **{k: "" for k in ABSENT_LABELS}})
 
             # AND the exemplar-enabled operation targets are asked for exemplars, as Grafana does
-            exemplar_targets = [substitute_variables(t["expr"]) for p in iter_panels(load_dashboard(
-                [f for f in dashboard_files() if f.stem == "memprof-operations"][0]))
-                for t in p.get("targets", []) if t.get("exemplar")]
+            operations = next(f for f in dashboard_files() if f.stem == "memprof-operations")
+            exemplar_targets = [substitute_variables(t["expr"]) for p in iter_panels(load_dashboard(operations))
+                                for t in p.get("targets", []) if t.get("exemplar")]
             exemplars = {e: prom.exemplars(e) for e in exemplar_targets}
 
             # AND the alert rules load and evaluate without errors
