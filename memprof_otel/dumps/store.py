@@ -100,6 +100,10 @@ class _Written:
         with self._lock:
             return frozenset(self._by_dir.get(os.path.realpath(folder), ()))
 
+    def discard(self, folder: Path, name: str) -> None:
+        with self._lock:
+            self._by_dir.get(os.path.realpath(folder), set()).discard(name)
+
     def keep_only(self, folder: Path, present: set[str]) -> None:
         """Forget names no longer on disk (rotated, or removed by hand): the set stays bounded."""
         with self._lock:
@@ -188,7 +192,8 @@ class DumpStore:
 
     def owns(self, dump_id: str) -> bool:
         """True when this process wrote the dump (and it is still there): rotation may remove it."""
-        return any(n.startswith(f"{dump_id}.") for n in _WRITTEN.names(self.dir))
+        found = self._find(dump_id) if isinstance(dump_id, str) and ID_RE.fullmatch(dump_id) else None
+        return found is not None and found.name in _WRITTEN.names(self.dir)
 
     def _write(self, target: Path, body: bytes, now: float) -> None:
         tmp = None
@@ -240,6 +245,7 @@ class DumpStore:
             except OSError as e:
                 log.warning("cannot remove old dump %s: %s", old.path, e.strerror or e)
                 continue
+            _WRITTEN.discard(self.dir, old.path.name)
             count, total = count - 1, total - old.size_bytes
         if count == 1 and total > max_bytes:
             log.warning("dump %s alone is %d bytes, over dumps.max_bytes=%d; kept anyway",
