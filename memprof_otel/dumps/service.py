@@ -81,7 +81,8 @@ class DumpService:
         key = (folder, d.max_files, d.max_bytes, d.max_oom_files)
         with self._lock:
             if self._store is None or self._store_key != key:
-                store = DumpStore(folder, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files)
+                store = DumpStore(folder, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files,
+                                  private=not d.dir)  # the default folder's name is predictable
                 self._store, self._store_key = store, key
             return self._store
 

@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import threading
 import time
@@ -130,13 +131,15 @@ class DumpStore:
     Public API: ``save``, ``list``, ``read``, ``path_for``, ``owns``. Safe to share between threads
     of one process and between processes on one folder. ``clock`` and ``token`` are injectable for
     tests; ``stale_temp_seconds`` is how old (by ctime) another writer's temp file must be before a
-    save removes it.
+    save removes it. ``private``: refuse a folder that is a symlink, another user's, or open to
+    group or others (the default folder has a predictable name in a shared temp dir, which
+    another user could have made first).
     """
 
     def __init__(self, dir: str | os.PathLike[str], max_files: int = 20, max_bytes: int = 512 << 20, *,
                  max_oom_files: int = 5, clock: Callable[[], float] = time.time,
                  token: Callable[[], str] = lambda: secrets.token_hex(4),
-                 stale_temp_seconds: float = STALE_TEMP_SECONDS) -> None:
+                 stale_temp_seconds: float = STALE_TEMP_SECONDS, private: bool = False) -> None:
         if max_files < 1:
             raise ValueError(f"max_files must be >= 1, got {max_files}")
         if max_oom_files < 1:
@@ -150,6 +153,7 @@ class DumpStore:
         self._clock = clock
         self._token = token
         self.stale_temp_seconds = stale_temp_seconds
+        self.private = private
         self._lock = threading.Lock()
 
     # ---- writing ----
@@ -173,6 +177,8 @@ class DumpStore:
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
             except OSError as e:
                 raise ExportError(f"cannot create dump directory {self.dir}: {e.strerror or e}") from None
+            if self.private:
+                self._check_private()
             now = self._clock()
             for _ in range(8):  # an id already taken (same second, model and token) is drawn again
                 dump_id = make_id(now, model, self._token())
@@ -189,6 +195,16 @@ class DumpStore:
             self._rotate(keep=dump_id, protected=kind in PROTECTED_KINDS)
             self._sweep_stale_temps()
             return info
+
+    def _check_private(self) -> None:
+        try:
+            st = os.lstat(self.dir)
+        except OSError as e:
+            raise ExportError(f"cannot use dump directory {self.dir}: {e.strerror or e}") from None
+        uid = os.geteuid() if hasattr(os, "geteuid") else None
+        if stat.S_ISLNK(st.st_mode) or (uid is not None and st.st_uid != uid) or st.st_mode & 0o077:
+            raise ExportError(f"dump directory {self.dir} is not a private folder of this user (owner uid "
+                              f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set dumps.dir")
 
     def owns(self, dump_id: str) -> bool:
         """True when this process wrote the dump (and it is still there): rotation may remove it."""

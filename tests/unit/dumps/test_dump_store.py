@@ -366,3 +366,22 @@ def test_default_dir_is_per_service_and_pid():
     assert default_dir("my svc/v1.2", 7, base="/b") == Path("/b/memprof-otel-dumps-my_svc_v1_2-7")
     assert default_dir("", 7, base="/b") == Path("/b/memprof-otel-dumps-memprof-otel-7")
     assert default_dir("x", 1) != default_dir("x", 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+def test_a_private_store_refuses_a_folder_open_to_others_or_a_symlink(tmp_path):
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o777)
+    opened.chmod(0o777)  # what another user would make first, for us to write into
+    with pytest.raises(ExportError, match="not a private folder"):
+        DumpStore(opened, 5, 1000, private=True).save(b"{}")
+    assert list(opened.iterdir()) == []
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ExportError, match="not a private folder"):
+        DumpStore(link, 5, 1000, private=True).save(b"{}")
+    assert list(real.iterdir()) == []
+    assert DumpStore(tmp_path / "fresh", 5, 1000, private=True).save(b"{}").path.exists()
+    assert DumpStore(opened, 5, 1000).save(b"{}").path.exists()  # an explicit folder is the user's call
