@@ -67,11 +67,13 @@ class DumpJob:
         """True once the job has finished; False if ``timeout`` seconds passed first."""
         return self._done.wait(timeout)
 
+    # complete() and fail() set their fields before ``status``: a reader that sees the final status
+    # sees them too (``to_dict`` from another thread reads ``status`` first)
     def complete(self, dump: DumpInfo, related: DumpInfo | None = None) -> None:
         if self._done.is_set():
             return
-        self.dump, self.related = dump, related
-        self.status, self.finished = COMPLETE, time.time()
+        self.dump, self.related, self.finished = dump, related, time.time()
+        self.status = COMPLETE
         self._done.set()
 
     def fail(self, exc: BaseException) -> None:
@@ -79,21 +81,24 @@ class DumpJob:
             return
         self.error = error_code(exc)
         self.detail = (str(exc) or type(exc).__name__)[:2000]
-        self.status, self.finished = FAILED, time.time()
+        self.finished = time.time()
+        self.status = FAILED
         self._done.set()
 
     def to_dict(self, base_url: str = "") -> dict[str, Any]:
         """JSON form for ``POST /v1/dumps`` and ``GET /v1/dumps/{job id}``: ``dump`` (with the
         download ``url``) when complete, ``error`` and ``detail`` when failed, null otherwise."""
+        status = self.status  # first: the fields of a final status are set before it
         dump = None
-        if self.dump is not None:
+        if status != PENDING and self.dump is not None:
             dump = self.dump.to_dict(base_url)
             if self.related is not None:
                 dump["cuda_snapshot"] = self.related.to_dict(base_url)
-        return {"id": self.id, "status": self.status, "model": self.model, "forwards": self.forwards,
-                "timeout": self.timeout, "created": self.created, "finished": self.finished,
+        final = status != PENDING
+        return {"id": self.id, "status": status, "model": self.model, "forwards": self.forwards,
+                "timeout": self.timeout, "created": self.created, "finished": self.finished if final else None,
                 "url": f"{base_url}/v1/dumps/{self.id}", "dump": dump,
-                "error": self.error, "detail": self.detail}
+                "error": self.error if final else None, "detail": self.detail if final else None}
 
 
 class DumpJobs:

@@ -26,7 +26,7 @@ from ..config import MAX_RULES, Config, ConfigError, HttpConfig, parse_rule
 from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
-from ..dumps.jobs import FAILED, JOB_ID_RE, DumpJob
+from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.service import DumpService
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
 from ..sources import registry
@@ -441,10 +441,9 @@ class Endpoint:
         job, which has ``error`` and ``detail`` like every error body."""
         if wait > 0 and not job.done:
             job.wait(wait)
-        done = job.done  # read once: the worker may finish between two reads
-        body = job.to_dict(self.base_url)
+        body = job.to_dict(self.base_url)  # one read: the worker may finish meanwhile
         headers = {"Location": f"{self.base_url}/v1/dumps/{job.id}"}
-        if not done:
+        if body["status"] == PENDING:
             headers["Retry-After"] = "1"
             return json_response(202, body, headers)
         if failure_is_error and body["status"] == FAILED:
