@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,7 +381,8 @@ class WatchdogConfig:
 
 @dataclass(frozen=True)
 class DumpsConfig:
-    dir: str = _f(os.path.join(tempfile.gettempdir(), "memprof-otel-dumps"), _str(), "where dumps are stored")
+    # null: <temp dir>/memprof-otel-dumps-<service_name>-<pid>, a folder per process (dumps/store.py)
+    dir: str | None = _f(None, _str(optional=True), "where dumps are stored (null: a folder per process)")
     max_files: int = _f(20, _int(1, 100_000), "on-demand dumps kept (oldest removed)")
     max_oom_files: int = _f(5, _int(1, 10_000), "OOM flight records kept, apart from on-demand dumps")
     max_bytes: int = _f(512 << 20, _size, "total size of stored dumps (oldest removed)")

@@ -93,7 +93,8 @@ class Runtime:
         self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
-        self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump)
+        self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump,
+                                        self._service_name)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
@@ -208,6 +209,10 @@ class Runtime:
     def _dumps_config(self) -> DumpsConfig | None:
         cfg = self.config
         return cfg.dumps if cfg is not None else None
+
+    def _service_name(self) -> str:
+        cfg = self.config
+        return cfg.service_name if cfg is not None else Config().service_name
 
     def _samples(self) -> list[Sample]:
         return self.sampler.samples() if self.sampler is not None else []

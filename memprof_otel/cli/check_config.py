@@ -9,6 +9,7 @@ import argparse
 import os
 
 from ..config import Config, load_config
+from ..dumps.store import default_dir
 from ..units import format_bytes
 
 HELP = "validate a config file (unknown keys, bad values and units, bad watchdog rules)"
@@ -39,7 +40,8 @@ def summary_lines(cfg: Config) -> list[str]:
         f"({'token set' if cfg.http.token else 'no token'})",
         f"  otel           {'on' if cfg.otel.enabled else 'off'}, OTLP endpoint {otlp}",
         f"  watchdog       {len(cfg.watchdog.rules)} rule(s){': ' + rules if rules else ''}",
-        f"  dumps          {cfg.dumps.dir} (max {cfg.dumps.max_files} files, "
+        f"  dumps          {cfg.dumps.dir or str(default_dir(cfg.service_name, '<pid>')) + ' (per process)'} "
+        f"(max {cfg.dumps.max_files} files, "
         f"{format_bytes(cfg.dumps.max_bytes)})",
     ]
 

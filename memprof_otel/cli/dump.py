@@ -1,19 +1,25 @@
 """Deep-capture the next forwards of a running model and download the speedscope file.
 
-``POST {url}/v1/dumps`` waits until the capture completes (201 with the dump's id), then
-``GET /v1/dumps/{id}`` downloads it; the file is written atomically (never half a file).
-Open it at https://www.speedscope.app.
+``POST {url}/v1/dumps`` starts the capture and answers at once (202, the request's id); the
+command then long-polls ``GET /v1/dumps/{request id}?wait=...`` until the request is complete or
+failed, or ``--timeout`` plus a margin for storing has passed, and downloads the stored dump from
+its ``url``. The file is written atomically (never half a file). Open it at
+https://www.speedscope.app.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import time
 import urllib.parse
+from typing import Any
 
 from ..files import write_bytes_atomic
-from ._common import Client, CommandError
+from ._common import EXIT_USAGE, Client, CommandError
 
 HELP = "trigger a deep capture on a running endpoint and download it (speedscope JSON)"
+STORE_MARGIN_S = 30.0  # beyond --timeout: building and storing the file once the forwards are in
+POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common proxy timeouts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,20 +32,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for those forwards to happen")
 
 
+def _wait_for(client: Client, job: dict[str, Any], deadline: float) -> dict[str, Any]:
+    job_id = job.get("id")
+    if not isinstance(job_id, str) or not job_id:
+        raise CommandError(f"POST {client.url('/v1/dumps')}: no request id in the answer: {job!r:.200}")
+    status_path = "/v1/dumps/" + urllib.parse.quote(job_id, safe="")
+    while job.get("status") == "pending":
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CommandError(f"dump request {job_id} still pending at the deadline; "
+                               f"poll {client.url(status_path)} later")
+        wait = min(POLL_WAIT_S, max(left, 0.5))
+        job = client.json("GET", status_path, {"wait": f"{wait:.1f}"}, timeout=wait + 15.0)
+        if not isinstance(job, dict):
+            raise CommandError(f"GET {client.url(status_path)}: unexpected answer {job!r:.200}")
+    if job.get("status") == "failed":
+        raise CommandError(f"dump request {job_id} failed: {job.get('error') or 'error'}: "
+                           f"{job.get('detail') or 'no detail'}")
+    if job.get("status") != "complete" or not isinstance(job.get("dump"), dict):
+        raise CommandError(f"GET {client.url(status_path)}: unexpected answer {job!r:.200}")
+    return job["dump"]
+
+
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.forwards <= 1000:
-        raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", 2)
+        raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", EXIT_USAGE)
     if not 0 < args.timeout <= 600:
-        raise CommandError(f"--timeout must be in (0, 600] seconds, got {args.timeout:g}", 2)
+        raise CommandError(f"--timeout must be in (0, 600] seconds, got {args.timeout:g}", EXIT_USAGE)
     client = Client(args.url, args.token)
-    info = client.json("POST", "/v1/dumps",
-                       {"kind": "speedscope", "forwards": args.forwards, "timeout": args.timeout,
-                        "model": args.model},
-                       timeout=args.timeout + 15.0)  # the server answers once the capture is done
-    dump_id = info.get("id") if isinstance(info, dict) else None
+    deadline = time.monotonic() + args.timeout + STORE_MARGIN_S
+    answer = client.json("POST", "/v1/dumps",
+                         {"kind": "speedscope", "forwards": args.forwards, "timeout": args.timeout,
+                          "model": args.model})
+    if not isinstance(answer, dict):
+        raise CommandError(f"POST {client.url('/v1/dumps')}: unexpected answer {answer!r:.200}")
+    # an endpoint before 202-and-poll answered 201 with the stored dump itself
+    info = _wait_for(client, answer, deadline) if "status" in answer else answer
+    dump_id = info.get("id")
     if not isinstance(dump_id, str) or not dump_id:
         raise CommandError(f"POST {client.url('/v1/dumps')}: no dump id in the answer: {info!r:.200}")
-    where = info.get("url", "")
+    where = str(info.get("url", ""))
     path = where if where.startswith(("http://", "https://")) else \
         "/v1/dumps/" + urllib.parse.quote(dump_id, safe="")  # relative to --url (it may be mounted)
     body = client.request("GET", path, timeout=60.0)

@@ -3,20 +3,26 @@
 Used by ``POST /v1/dumps``, the watchdog's ``dump`` action and the OOM flight recorder. The
 capture itself lives in ``capture.py`` and the file format in ``speedscope.py``; this module only
 picks the model, waits under a deadline, stores the result with rotation and counts the outcome in
-``memprof_dumps_total{format,result}``. It knows models only through what the composition root
-hands it (the live handles, the dumps config, the counter), so it imports nothing above it.
+``memprof_dumps_total{format,result}``. ``submit`` does the same without making its caller wait:
+the request is checked and the capture armed at once, the wait and the save run in a worker
+thread, and the job (``jobs.py``) says how it ended. It knows models only through what the
+composition root hands it (the live handles, the dumps config, the service name, the counter), so
+it imports nothing above it.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from .._log import rate_limited
 from ..config import DumpsConfig
 from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, UnknownModel
 from .capture import Capture
-from .store import DumpInfo, DumpStore
+from .jobs import DumpJob, DumpJobs
+from .store import DumpInfo, DumpStore, default_dir
 
 
 class Capturable(Protocol):
@@ -43,25 +49,40 @@ def pick_model(live: Mapping[str, Capturable], name: str | None) -> Capturable:
 
 class DumpService:
     """``live``: name -> handle of the models instrumented now; ``config``: the dumps section in
-    force (None before the first start); ``count_dump(format, result)``: the dumps counter."""
+    force (None before the first start); ``count_dump(format, result)``: the dumps counter;
+    ``service_name``: the service name in force (it names the default folder)."""
 
     def __init__(self, live: Callable[[], Mapping[str, Capturable]],
-                 config: Callable[[], DumpsConfig | None], count_dump: Callable[[str, str], None]) -> None:
+                 config: Callable[[], DumpsConfig | None], count_dump: Callable[[str, str], None],
+                 service_name: Callable[[], str] = lambda: "memprof-otel") -> None:
         self._live = live
         self._config = config
         self._count = count_dump
+        self._service_name = service_name
         self._store: DumpStore | None = None
         self._store_key: tuple[Any, ...] | None = None
         self._lock = threading.Lock()
         self.related: dict[str, DumpInfo] = {}  # speedscope dump id -> its CUDA history snapshot
+        self.jobs = DumpJobs()
+
+    @property
+    def dir(self) -> Path:
+        """The folder dumps go to: ``dumps.dir``, else this process's own (``default_dir``; the pid
+        is read each time, so a forked worker gets its own folder too)."""
+        d = self._config() or DumpsConfig()
+        return Path(d.dir) if d.dir else default_dir(self._service_name(), os.getpid())
 
     @property
     def store(self) -> DumpStore:
+        """The store in force: the public way to save, list and read dumps of this process
+        (``store.save(doc, kind=..., model=...)``, ``store.list()``, ``store.read(id)``)."""
         d = self._config() or DumpsConfig()
-        key = (d.dir, d.max_files, d.max_bytes, d.max_oom_files)
+        folder = self.dir
+        key = (folder, d.max_files, d.max_bytes, d.max_oom_files)
         with self._lock:
             if self._store is None or self._store_key != key:
-                store = DumpStore(d.dir, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files)
+                store = DumpStore(folder, d.max_files, d.max_bytes, max_oom_files=d.max_oom_files,
+                                  private=not d.dir)  # the default folder's name is predictable
                 self._store, self._store_key = store, key
             return self._store
 
@@ -72,12 +93,48 @@ class DumpService:
                 reason: str = "api") -> DumpInfo:
         """Capture the next ``forwards`` forwards of ``model`` and store the speedscope file.
         Raises UnknownModel, CaptureBusy, CaptureTimeout, ExportError (all counted)."""
+        h, cap = self._arm(model, forwards)
+        return self._finish(h, cap, forwards, timeout, reason)
+
+    def submit(self, model: str | None, forwards: int = 1, timeout: float = 30.0,
+               reason: str = "api") -> DumpJob:
+        """``capture`` without the wait: returns the pending job at once, after the checks that
+        need no forward (UnknownModel, CaptureBusy, InstrumentationError are raised here). The
+        rest runs in a worker thread and ends in ``job.complete`` or ``job.fail``, never raises."""
+        h, cap = self._arm(model, forwards)
+        job = DumpJob(h.name, forwards, timeout)
+        self.jobs.add(job)
+        worker = threading.Thread(target=self._run_job, args=(job, h, cap, timeout, reason),
+                                  name=f"memprof-dump-{job.id}", daemon=True)
+        try:
+            worker.start()
+        except RuntimeError as e:  # no thread to be had: the capture must not stay armed
+            cap.cancel()
+            job.fail(e)
+            raise
+        return job
+
+    def _run_job(self, job: DumpJob, h: Capturable, cap: Capture, timeout: float, reason: str) -> None:
+        try:
+            info = self._finish(h, cap, job.forwards, timeout, reason)
+        except BaseException as e:  # a worker thread: whatever happens is the job's answer
+            cap.cancel()
+            job.fail(e)
+        else:
+            with self._lock:
+                related = self.related.get(info.id)
+            job.complete(info, related)
+        self.jobs.evict()
+
+    def _arm(self, model: str | None, forwards: int) -> tuple[Capturable, Capture]:
         h = self.pick_model(model)
         try:
-            cap = h.capture(forwards)
+            return h, h.capture(forwards)
         except CaptureBusy:
             self._count("speedscope", "busy")
             raise
+
+    def _finish(self, h: Capturable, cap: Capture, forwards: int, timeout: float, reason: str) -> DumpInfo:
         if not cap.wait(timeout):
             cap.cancel()
             self._count("speedscope", "timeout")

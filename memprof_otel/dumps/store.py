@@ -1,5 +1,11 @@
 """Stored dumps: one JSON file each in a private folder, oldest removed past a count or size cap.
 
+Rotation only ever removes files this process wrote (``_WRITTEN``, kept per folder for the life of
+the process): several processes may share one folder, and none evicts another's dumps. By default
+each process has a folder of its own anyway (``default_dir``). Every file is written under a temp
+name in the folder and renamed into place, so a process killed mid-write leaves at most a
+``.memprof-*.tmp`` file, which listing never shows and a later save removes once it is an hour old.
+
 OOM flight records (kind ``oom``, see ``PROTECTED_KINDS``) rotate apart from on-demand dumps, under
 their own count (``max_oom_files``): no number of on-demand dumps can evict the record of a crash.
 
@@ -16,6 +22,7 @@ import logging
 import os
 import re
 import secrets
+import stat
 import tempfile
 import threading
 import time
@@ -32,6 +39,8 @@ ID_RE = re.compile(r"[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_-]{0,40}-[0-9a-f]{8}")
 KIND_RE = re.compile(r"[a-z0-9_]{1,32}")
 _FILE_RE = re.compile(rf"(?P<id>{ID_RE.pattern})\.(?P<kind>{KIND_RE.pattern})\.json")
 _MODEL_BAD = re.compile(r"[^A-Za-z0-9_-]")
+_TEMP_RE = re.compile(r"\.memprof-.*\.tmp")  # our temp files (here and in ``files.py``)
+STALE_TEMP_SECONDS = 3600.0  # a temp file untouched this long belongs to a writer that died
 PROTECTED_KINDS = frozenset({"oom"})  # kept under their own quota, never rotated by other dumps
 
 
@@ -64,16 +73,73 @@ def _model_of(dump_id: str) -> str:
     return dump_id[17:-9]  # between "YYYYmmddTHHMMSSZ-" and "-xxxxxxxx"
 
 
+def default_dir(service_name: str, pid: int | str, base: str | None = None) -> Path:
+    """The folder of one process's dumps when ``dumps.dir`` is not set:
+    ``<temp dir>/memprof-otel-dumps-<service_name>-<pid>``. The pid tells apart the workers of one
+    service (same service name), the service name tells an operator whose folder it is; flat under
+    the temp dir, so no shared parent folder has to belong to one user."""
+    return Path(base if base is not None else tempfile.gettempdir()) / \
+        f"memprof-otel-dumps-{sanitize_model(service_name) or 'memprof-otel'}-{pid}"
+
+
+class _Written:
+    """File names this process wrote, per folder (real path): the only files rotation removes.
+
+    Process-wide, not per store: the dump service makes a new ``DumpStore`` when the caps change,
+    and a second store on the same folder in this process must still see these as ours. A forked
+    child starts empty: the files are its parent's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_dir: dict[str, set[str]] = {}
+
+    def add(self, folder: Path, name: str) -> None:
+        with self._lock:
+            self._by_dir.setdefault(os.path.realpath(folder), set()).add(name)
+
+    def names(self, folder: Path) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._by_dir.get(os.path.realpath(folder), ()))
+
+    def discard(self, folder: Path, name: str) -> None:
+        with self._lock:
+            self._by_dir.get(os.path.realpath(folder), set()).discard(name)
+
+    def keep_only(self, folder: Path, present: set[str]) -> None:
+        """Forget names no longer on disk (rotated, or removed by hand): the set stays bounded."""
+        with self._lock:
+            names = self._by_dir.get(os.path.realpath(folder))
+            if names is not None:
+                names &= present
+
+    def reset(self) -> None:
+        self._lock = threading.Lock()
+        self._by_dir = {}
+
+
+_WRITTEN = _Written()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WRITTEN.reset)
+
+
 class DumpStore:
     """Dumps in ``dir`` (created 0o700 on the first save): on-demand dumps at most ``max_files`` /
     ``max_bytes``, OOM records (``PROTECTED_KINDS``) at most ``max_oom_files``, each rotated alone.
+    The caps count, and rotation removes, only the files this process wrote in ``dir``; ``list``
+    shows every dump in the folder, other processes' too.
 
-    Safe to share between threads of one process. ``clock`` and ``token`` are injectable for tests.
+    Public API: ``save``, ``list``, ``read``, ``path_for``, ``owns``. Safe to share between threads
+    of one process and between processes on one folder. ``clock`` and ``token`` are injectable for
+    tests; ``stale_temp_seconds`` is how old (by ctime) another writer's temp file must be before a
+    save removes it. ``private``: refuse a folder that is a symlink, another user's, or open to
+    group or others (the default folder has a predictable name in a shared temp dir, which
+    another user could have made first).
     """
 
     def __init__(self, dir: str | os.PathLike[str], max_files: int = 20, max_bytes: int = 512 << 20, *,
                  max_oom_files: int = 5, clock: Callable[[], float] = time.time,
-                 token: Callable[[], str] = lambda: secrets.token_hex(4)) -> None:
+                 token: Callable[[], str] = lambda: secrets.token_hex(4),
+                 stale_temp_seconds: float = STALE_TEMP_SECONDS, private: bool = False) -> None:
         if max_files < 1:
             raise ValueError(f"max_files must be >= 1, got {max_files}")
         if max_oom_files < 1:
@@ -86,6 +152,8 @@ class DumpStore:
         self.max_oom_files = max_oom_files
         self._clock = clock
         self._token = token
+        self.stale_temp_seconds = stale_temp_seconds
+        self.private = private
         self._lock = threading.Lock()
 
     # ---- writing ----
@@ -109,6 +177,8 @@ class DumpStore:
                 os.makedirs(self.dir, mode=0o700, exist_ok=True)
             except OSError as e:
                 raise ExportError(f"cannot create dump directory {self.dir}: {e.strerror or e}") from None
+            if self.private:
+                self._check_private()
             now = self._clock()
             for _ in range(8):  # an id already taken (same second, model and token) is drawn again
                 dump_id = make_id(now, model, self._token())
@@ -120,9 +190,26 @@ class DumpStore:
             else:
                 raise ExportError(f"cannot save dump in {self.dir}: no free id")
             self._write(target, body, now)
+            _WRITTEN.add(self.dir, target.name)
             info = DumpInfo(dump_id, target, len(body), now, kind, _model_of(dump_id))
             self._rotate(keep=dump_id, protected=kind in PROTECTED_KINDS)
+            self._sweep_stale_temps()
             return info
+
+    def _check_private(self) -> None:
+        try:
+            st = os.lstat(self.dir)
+        except OSError as e:
+            raise ExportError(f"cannot use dump directory {self.dir}: {e.strerror or e}") from None
+        uid = os.geteuid() if hasattr(os, "geteuid") else None
+        if stat.S_ISLNK(st.st_mode) or (uid is not None and st.st_uid != uid) or st.st_mode & 0o077:
+            raise ExportError(f"dump directory {self.dir} is not a private folder of this user (owner uid "
+                              f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it or set dumps.dir")
+
+    def owns(self, dump_id: str) -> bool:
+        """True when this process wrote the dump (and it is still there): rotation may remove it."""
+        found = self._find(dump_id) if isinstance(dump_id, str) and ID_RE.fullmatch(dump_id) else None
+        return found is not None and found.name in _WRITTEN.names(self.dir)
 
     def _write(self, target: Path, body: bytes, now: float) -> None:
         tmp = None
@@ -152,8 +239,12 @@ class DumpStore:
 
     def _rotate(self, keep: str, protected: bool = False) -> None:
         """Remove the oldest dumps of the pool ``keep`` belongs to (OOM records or on-demand dumps)
-        until that pool is within its caps; the other pool is never touched."""
-        pool = [i for i in self._scan() if (i.kind in PROTECTED_KINDS) == protected]
+        until that pool is within its caps; the other pool, and files this process did not write,
+        are never touched."""
+        scanned = self._scan()
+        _WRITTEN.keep_only(self.dir, {i.path.name for i in scanned})
+        ours = _WRITTEN.names(self.dir)
+        pool = [i for i in scanned if i.path.name in ours and (i.kind in PROTECTED_KINDS) == protected]
         infos = sorted(pool, key=lambda i: (i.created, i.id))  # oldest first
         max_files = self.max_oom_files if protected else self.max_files
         max_bytes = self.max_bytes if not protected else sum(i.size_bytes for i in infos)  # count only
@@ -170,12 +261,31 @@ class DumpStore:
             except OSError as e:
                 log.warning("cannot remove old dump %s: %s", old.path, e.strerror or e)
                 continue
+            _WRITTEN.discard(self.dir, old.path.name)
             count, total = count - 1, total - old.size_bytes
         if count == 1 and total > max_bytes:
             log.warning("dump %s alone is %d bytes, over dumps.max_bytes=%d; kept anyway",
                         keep, total, max_bytes)
         elif count > max_files or total > max_bytes:
             log.warning("dumps in %s still over their caps (%d files, %d bytes)", self.dir, count, total)
+
+    def _sweep_stale_temps(self) -> None:
+        """Remove temp files left by a writer killed mid-write. Only old ones (by ctime, which no
+        writer can set back): a fresh one may be another process's write in progress."""
+        cutoff = time.time() - self.stale_temp_seconds
+        try:
+            entries = list(os.scandir(self.dir))
+        except OSError:
+            return
+        for e in entries:
+            if not _TEMP_RE.fullmatch(e.name):
+                continue
+            try:
+                if e.is_file(follow_symlinks=False) and e.stat(follow_symlinks=False).st_ctime < cutoff:
+                    os.unlink(e.path)
+                    log.info("removed %s, a dump left half-written", e.path)
+            except OSError:  # removed meanwhile, or not ours to remove
+                continue
 
     # ---- reading ----
 

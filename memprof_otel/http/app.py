@@ -23,9 +23,10 @@ from urllib.parse import parse_qs
 from .._log import rate_limited
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, parse_rule
-from ..errors import (CaptureBusy, CaptureTimeout, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId,
+from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
+from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.service import DumpService
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
 from ..sources import registry
@@ -33,12 +34,15 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
-from .guards import (JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT,
+from .guards import (DUMP_WAIT_MAX, JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT,
                      host_allowed, is_loopback, make_cursor, media_type, parse_cursor, parse_integer, parse_number)
 from .openapi import openapi_document
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
 _ITEMS_PER_SLICE = 32      # items encoded between two yields of the interpreter (see _encode_slice)
+# a failed dump job's error code -> the status a POST that waited for it answers
+_FAILED_STATUS = {"no_forward_in_time": 504, "dump_not_stored": 507, "uninstrumented": 409,
+                  "capture_in_progress": 409, "unknown_model": 404}
 
 
 class EndpointServices(ScrapeSource, Protocol):
@@ -412,34 +416,53 @@ class Endpoint:
         return json_response(200, {"rules": [r.to_dict() for r in wd.rules]})
 
     def post_dump(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """202 with the pending job at once (``Location``: its status); with ``wait``, blocks up to
+        that long and answers 200 with the stored dump, or the failure's 4xx/5xx, if done by then."""
         kind = q.get("kind", ["speedscope"])[-1]
         if kind != "speedscope":
             raise HttpError(400, "bad_parameter", f"kind must be speedscope, got {_shown(kind)}")
         forwards = _int_param(q, "forwards", 1, 1, 1000)
         timeout = _float_param(q, "timeout", 30.0, 0.01, 600.0)
+        wait = _float_param(q, "wait", 0.0, 0.0, DUMP_WAIT_MAX)
         model = _str_param(q, "model")
         try:
-            info = self.rt.dump_service.capture(model, forwards, float(timeout or 30.0), reason="http")
+            job = self.rt.dump_service.submit(model, forwards, float(timeout or 30.0), reason="http")
         except UnknownModel as e:
             raise HttpError(404, "unknown_model", str(e)) from None
         except CaptureBusy as e:
             raise HttpError(409, "capture_in_progress", str(e)) from None
-        except CaptureTimeout as e:
-            raise HttpError(504, "no_forward_in_time", str(e)) from None
         except InstrumentationError as e:
             raise HttpError(409, "uninstrumented", str(e)) from None
-        except ExportError as e:
-            raise HttpError(507, "dump_not_stored", str(e)) from None
-        d = info.to_dict(self.base_url)
-        snapshot = self.rt.dump_service.related.get(info.id)
-        if snapshot is not None:  # CUDA: the allocator history of the same window
-            d["cuda_snapshot"] = snapshot.to_dict(self.base_url)
-        return json_response(201, d, {"Location": f"/v1/dumps/{info.id}"})
+        return self._job_response(job, wait or 0.0, failure_is_error=True)
+
+    def _job_response(self, job: DumpJob, wait: float, failure_is_error: bool) -> Response:
+        """202 while pending, 200 once finished. A POST that waited for a failure answers the
+        failure's status (504 no forward in time, 507 not stored, ...) instead: the body is the
+        job, which has ``error`` and ``detail`` like every error body."""
+        if wait > 0 and not job.done:
+            job.wait(wait)
+        body = job.to_dict(self.base_url)  # one read: the worker may finish meanwhile
+        headers = {"Location": f"{self.base_url}/v1/dumps/{job.id}"}
+        if body["status"] == PENDING:
+            headers["Retry-After"] = "1"
+            return json_response(202, body, headers)
+        if failure_is_error and body["status"] == FAILED:
+            return json_response(_FAILED_STATUS.get(str(body["error"]), 500), body, headers)
+        return json_response(200, body, headers)
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in self.rt.dump_service.store.list()]})
 
     def get_dump(self, req: Request, q: Mapping[str, list[str]], dump_id: str) -> Response:
+        """A job id (``job-...``): the request's status (202 pending, 200 complete or failed;
+        ``wait`` long-polls). A dump id: the stored file itself."""
+        wait = _float_param(q, "wait", 0.0, 0.0, DUMP_WAIT_MAX)
+        if JOB_ID_RE.fullmatch(dump_id):
+            job = self.rt.dump_service.jobs.get(dump_id)
+            if job is None:
+                raise HttpError(404, "job_not_found", f"no dump request {dump_id} (the last "
+                                f"{self.rt.dump_service.jobs.max_finished} finished ones are kept)")
+            return self._job_response(job, wait or 0.0, failure_is_error=False)
         try:
             body = self.rt.dump_service.store.read(dump_id)
         except InvalidDumpId as e:

@@ -17,6 +17,9 @@ MAX_NAME_CHARS = 256       # model names and other free strings in a query
 TIMELINE_DEFAULT_LIMIT = 500
 TIMELINE_MAX_LIMIT = 5000
 TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both lists together
+# longest ?wait= a dump request may block for: under the 60 s idle timeout of common proxies and
+# load balancers (nginx, AWS ALB), so a blocking call is answered (202 at worst) before they cut it
+DUMP_WAIT_MAX = 55.0
 
 
 def is_loopback(host: str) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from .guards import TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT
+from .guards import DUMP_WAIT_MAX, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _OBJ = {"type": "object"}
@@ -86,6 +86,30 @@ def _schemas() -> dict[str, Any]:
             "id": {"type": "string"}, "size_bytes": {"type": "integer", "minimum": 0}, "created": _NUM,
             "kind": {"type": "string"}, "model": {"type": "string"}, "url": {"type": "string"},
             "cuda_snapshot": {"type": "object"}}},
+        "DumpJob": {
+            "type": "object", "description": "a dump request: pending, then complete (with the stored dump) or "
+                                             "failed (with error and detail, as in Error)",
+            "required": ["id", "status", "model", "forwards", "timeout", "created", "finished", "url", "dump",
+                         "error", "detail"], "properties": {
+                "id": {"type": "string", "pattern": "^job-[0-9a-f]{16}$"},
+                "status": {"type": "string", "enum": ["pending", "complete", "failed"]},
+                "model": {"type": "string"}, "forwards": {"type": "integer", "minimum": 1},
+                "timeout": _NUM, "created": _NUM, "finished": _NULLABLE_NUM,
+                "url": {"type": "string", "description": "this status (poll it)"},
+                "dump": {"anyOf": [_ref("Dump"), {"type": "null"}],
+                         "description": "the stored dump (its url downloads it) once complete"},
+                "error": {**_NULLABLE_STR, "description": "failed: no_forward_in_time, dump_not_stored, "
+                                                          "uninstrumented or internal"},
+                "detail": _NULLABLE_STR},
+            "allOf": [
+                {"if": {"properties": {"status": {"const": "pending"}}},
+                 "then": {"properties": {"dump": {"type": "null"}, "error": {"type": "null"},
+                                         "finished": {"type": "null"}}}},
+                {"if": {"properties": {"status": {"const": "complete"}}},
+                 "then": {"properties": {"dump": _ref("Dump"), "finished": _NUM, "error": {"type": "null"}}}},
+                {"if": {"properties": {"status": {"const": "failed"}}},
+                 "then": {"properties": {"dump": {"type": "null"}, "finished": _NUM, "error": {"type": "string"},
+                                         "detail": {"type": "string"}}}}]},
         "Dumps": {"type": "object", "required": ["dumps"],
                   "properties": {"dumps": {"type": "array", "items": _ref("Dump")}}},
         "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
@@ -110,6 +134,34 @@ def openapi_document() -> dict[str, Any]:
                   {"200": "metrics", "403": "Host not this endpoint's"}, public=True)
     metrics["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}},
                                               "application/openmetrics-text": {"schema": {"type": "string"}}}
+    wait = _q("wait", {"type": "number", "minimum": 0, "maximum": DUMP_WAIT_MAX, "default": 0},
+              f"seconds to block for the dump to finish (at most {DUMP_WAIT_MAX:g}, under common proxy timeouts)")
+    dump_post = _op("start a deep capture of the next N forwards, stored as a speedscope file; answers at once "
+                    "with the request (202, Location: its status) unless `wait` lets it finish (200)", {
+                        "200": "finished within wait: the request, complete, with the stored dump",
+                        "202": "pending: poll the Location (GET /v1/dumps/{id})",
+                        "400": "bad parameter", "404": "unknown model", "409": "another capture runs on the model",
+                        "500": "failed within wait: unexpected error", "504": "failed within wait: no forward in time",
+                        "507": "failed within wait: dump could not be stored", **auth, **mutating}, [
+        _q("kind", {"type": "string", "enum": ["speedscope"]}, "dump format"),
+        _q("forwards", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1}, "forwards to capture"),
+        _q("timeout", {"type": "number", "minimum": 0.01, "maximum": 600, "default": 30},
+           "seconds the capture waits for those forwards"),
+        _q("model", {"type": "string", "maxLength": 256}, "model name (needed when several are instrumented)"),
+        wait], schema=_ref("DumpJob"))
+    dump_post["responses"]["202"]["headers"] = dump_post["responses"]["200"]["headers"] = {
+        "Location": {"schema": {"type": "string"}, "description": "/v1/dumps/{id} of the request"}}
+    dump_get = _op("a dump request's status (id job-...), or download a stored dump (speedscope JSON, or the "
+                   "oom / cuda_snapshot JSON)", {
+                       "200": "a request that finished (complete or failed), or the stored dump's file",
+                       "202": "a request still pending", "400": "malformed id or bad wait",
+                       "404": "no such request or dump", **auth},
+                   [{"name": "id", "in": "path", "required": True,
+                     "schema": {"type": "string", "maxLength": 80},
+                     "description": "a request id (job-...) or a dump id"}, wait])
+    dump_get["responses"]["200"]["content"] = {"application/json": {"schema": {"anyOf": [
+        _ref("DumpJob"), {"type": "object", "description": "the stored dump file"}]}}}
+    dump_get["responses"]["202"]["content"] = {"application/json": {"schema": _ref("DumpJob")}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "memprof-otel endpoint", "version": __version__,
@@ -142,18 +194,8 @@ def openapi_document() -> dict[str, Any]:
                            body=rules_body, schema=_ref("Rules"))},
             "/v1/dumps": {
                 "get": _op("stored dumps", {"200": "dumps", **auth}, schema=_ref("Dumps")),
-                "post": _op("deep-capture the next N forwards and store a speedscope file", {
-                    "201": "dump stored", "400": "bad parameter", "404": "unknown model",
-                    "409": "another capture runs", "504": "no forward in time",
-                    "507": "dump could not be stored", **auth, **mutating}, [
-                    _q("kind", {"type": "string", "enum": ["speedscope"]}, "dump format"),
-                    _q("forwards", {"type": "integer", "minimum": 1, "maximum": 1000}, "forwards to capture"),
-                    _q("timeout", {"type": "number", "minimum": 0.01, "maximum": 600}, "seconds to wait"),
-                    _q("model", {"type": "string", "maxLength": 256},
-                       "model name (needed when several are instrumented)")], schema=_ref("Dump"))},
-            "/v1/dumps/{id}": {"get": _op("download a stored dump (speedscope JSON)", {
-                "200": "the dump", "400": "malformed id", "404": "no such dump", **auth},
-                [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}])},
+                "post": dump_post},
+            "/v1/dumps/{id}": {"get": dump_get},
             "/openapi.json": {"get": _op("this document", {"200": "OpenAPI 3 document", **auth})},
         },
         "components": {

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import subprocess
 import sys
@@ -22,7 +23,8 @@ TOKEN = "s3cret-token"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 # A real instrumented model with traffic and the embedded endpoint, in its own process. It exports a
-# timeline once some work has run, prints its URL, and serves until its stdin closes.
+# timeline once some work has run, prints its URL, and serves until its stdin closes. With "idle"
+# it runs no forward at all (a dump request then fails for want of one).
 SERVER_SCRIPT = textwrap.dedent('''
     import sys, threading, time
     from collections import OrderedDict
@@ -30,8 +32,8 @@ SERVER_SCRIPT = textwrap.dedent('''
     from torch import nn
     import memprof_otel as mp
 
-    token, timeline = sys.argv[1], sys.argv[2]
-    mp.start_monitoring({"sampler": {"interval": "100ms"}})
+    token, timeline, dumps, mode = sys.argv[1:5]
+    mp.start_monitoring({"sampler": {"interval": "100ms"}, "dumps": {"dir": dumps}})
     mp.mark_operation("load")
     model = nn.Sequential(OrderedDict(encoder=nn.Linear(64, 256), act=nn.ReLU(),
                                       decoder=nn.Linear(256, 64))).eval()
@@ -46,9 +48,10 @@ SERVER_SCRIPT = textwrap.dedent('''
                 model(torch.randn(32, 64))
             stop.wait(0.02)
 
-    threading.Thread(target=traffic, daemon=True).start()
-    time.sleep(0.6)
-    h.export_timeline(timeline)
+    if mode != "idle":
+        threading.Thread(target=traffic, daemon=True).start()
+        time.sleep(0.6)
+        h.export_timeline(timeline)
     print(srv.url, flush=True)
     sys.stdin.read()
     stop.set()
@@ -78,11 +81,23 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *fr
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """(endpoint URL with TOKEN, timeline the server exported) of a served, busy model."""
-    folder = tmp_path_factory.mktemp("live")
+    yield from _served(tmp_path_factory.mktemp("live"), "busy")
+
+
+@pytest.fixture(scope="module")
+def idle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """(endpoint URL with TOKEN, its dump folder) of a served model that runs no forward."""
+    folder = tmp_path_factory.mktemp("idle")
+    for url, _ in _served(folder, "idle"):
+        yield url, folder / "dumps"
+
+
+def _served(folder: Path, mode: str) -> Iterator[tuple[str, Path]]:
     script = folder / "serve_model.py"
     script.write_text(SERVER_SCRIPT)
     timeline = folder / "exported-timeline.json"
-    proc = subprocess.Popen([sys.executable, str(script), TOKEN, str(timeline)], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), TOKEN, str(timeline), str(folder / "dumps"), mode],
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 90)
@@ -241,6 +256,17 @@ def test_dump_with_a_wrong_token_is_one_line_exit_1(live: tuple[str, Path], tmp_
 def test_dump_of_an_unknown_model_names_it(live: tuple[str, Path], tmp_path: Path) -> None:
     proc = cli("dump", "--url", live[0], "--token", TOKEN, "--model", "nope", "-o", str(tmp_path / "x.json"))
     assert_one_line_error(proc, 1, "404", "nope", "tinynet")
+
+
+@pytest.mark.timeout(60)
+def test_dump_that_fails_on_the_server_is_one_line_exit_1(idle: tuple[str, Path], tmp_path: Path) -> None:
+    # GIVEN a model that runs no forward: the request is accepted (202), then fails at its timeout
+    out = tmp_path / "never.json"
+    proc = cli("dump", "--url", idle[0], "--token", TOKEN, "-o", str(out), "--timeout", "1")
+    line = assert_one_line_error(proc, 1, "failed", "no_forward_in_time", "within 1 s")
+    assert re.search(r"dump request job-[0-9a-f]{16} failed", line), line
+    assert not out.exists() and proc.stdout == ""
+    assert not list(idle[1].glob("*.json"))  # nothing stored
 
 
 def test_dump_to_an_unreachable_url_is_one_line_exit_1(tmp_path: Path) -> None:

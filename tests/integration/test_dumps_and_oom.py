@@ -133,9 +133,10 @@ def test_http_dump_attributes_exactly_the_known_allocations(tmp_path, validator)
     model = Known()
     mp.instrument(model, name="known")
     with Traffic(model):
-        r = c.post("/v1/dumps", params={"forwards": 3, "timeout": 10})
-    assert r.status_code == 201, r.text
-    doc = c.get(r.json()["url"]).json()
+        r = c.post("/v1/dumps", params={"forwards": 3, "timeout": 10, "wait": 30})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "complete"
+    doc = c.get(r.json()["dump"]["url"]).json()
     validator.validate(doc)
     assert stacks(doc) == {k: 3 * v for k, v in KNOWN_STACKS.items()}
     assert doc["profiles"][0]["endValue"] == 3 * (N_A + N_B0 + N_B1)
@@ -170,9 +171,9 @@ def test_rotation_keeps_the_newest_max_files(tmp_path):
     ids = []
     with Traffic(model):
         for _ in range(3):
-            r = c.post("/v1/dumps", params={"timeout": 10})
-            assert r.status_code == 201, r.text
-            ids.append(r.json()["id"])
+            r = c.post("/v1/dumps", params={"timeout": 10, "wait": 30})
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["dump"]["id"])
     listed = [d["id"] for d in c.get("/v1/dumps").json()["dumps"]]
     assert listed == [ids[2], ids[1]]  # newest first
     assert c.get(f"/v1/dumps/{ids[0]}").status_code == 404
@@ -189,8 +190,8 @@ def test_dumps_total_counts_ok_timeout_and_busy(tmp_path):
     h = mp.instrument(model, name="known")
     before = dumps_total(c)
     with Traffic(model):
-        assert c.post("/v1/dumps", params={"timeout": 10}).status_code == 201
-    assert c.post("/v1/dumps", params={"timeout": 0.2}).status_code == 504
+        assert c.post("/v1/dumps", params={"timeout": 10, "wait": 30}).status_code == 200
+    assert c.post("/v1/dumps", params={"timeout": 0.2, "wait": 30}).status_code == 504
     cap = h.capture(forwards=1)
     assert c.post("/v1/dumps", params={"timeout": 5}).status_code == 409
     cap.cancel()
@@ -288,7 +289,7 @@ def test_unwritable_dump_dir_is_507_and_counted_and_inference_unaffected(tmp_pat
     mp.instrument(model, name="known")
     before = dumps_total(c)
     with Traffic(model) as traffic:
-        r = c.post("/v1/dumps", params={"timeout": 10})
+        r = c.post("/v1/dumps", params={"timeout": 10, "wait": 30})
         x = torch.randn(4, 8)
         assert model(x) is x  # forwards go on while and after the dump fails
     assert r.status_code == 507

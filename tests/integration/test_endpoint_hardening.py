@@ -179,8 +179,9 @@ def test_cross_origin_simple_post_is_refused_and_makes_no_dump(tmp_path):
         assert c.get("/v1/dumps").json() == {"dumps": []}
         assert c.get("/v1/watchdog/rules").json() == {"rules": []}
         # the same request from a JSON client without an Origin goes through: the refusals were the guard
-        ok = c.post("/v1/dumps", params={"timeout": 10}, headers={"Content-Type": "application/json; charset=utf-8"})
-        assert ok.status_code == 201, ok.text
+        ok = c.post("/v1/dumps", params={"timeout": 10, "wait": 30},
+                    headers={"Content-Type": "application/json; charset=utf-8"})
+        assert ok.status_code == 200, ok.text
     srv.close()
 
 
@@ -263,9 +264,9 @@ def test_oom_record_survives_100_on_demand_dumps(tmp_path):
         made = []
         with Traffic(model, period=0.001):
             for _ in range(100):
-                r = c.post("/v1/dumps", params={"timeout": 10})
-                assert r.status_code == 201, r.text
-                made.append(r.json()["id"])
+                r = c.post("/v1/dumps", params={"timeout": 10, "wait": 30})
+                assert r.status_code == 200, r.text
+                made.append(r.json()["dump"]["id"])
         listed = c.get("/v1/dumps").json()["dumps"]
         assert [d["id"] for d in listed if d["kind"] == "oom"] == [oom["id"]]
         assert c.get(oom["url"]).content == record

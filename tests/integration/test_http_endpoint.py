@@ -260,19 +260,48 @@ def test_alerts_fire_pend_and_resolve_after_put_rules(client, tree):
 
 # ---- dumps ----------------------------------------------------------------------------------
 
-def test_post_dump_201_then_list_and_download_valid_speedscope(client, tree, speedscope_validator):
+def _dump_job_validator(client: httpx.Client) -> jsonschema.Draft202012Validator:
+    """The DumpJob schema the endpoint's /openapi.json publishes, its references resolved there."""
+    spec = client.get("/openapi.json").json()
+    return jsonschema.Draft202012Validator({**spec["components"]["schemas"]["DumpJob"],
+                                            "components": spec["components"]})
+
+
+def test_post_dump_answers_202_at_once_then_the_poll_turns_complete(client, tree, speedscope_validator):
     model, _ = tree
+    job_schema = _dump_job_validator(client)
+    # GIVEN no forward runs: the capture cannot finish yet
+    t0 = time.monotonic()
+    r = client.post("/v1/dumps", params={"kind": "speedscope", "forwards": 2, "timeout": 20, "model": "tree"})
+    # THEN the answer comes at once, 202 with the request and where to poll it
+    assert time.monotonic() - t0 < 2
+    assert r.status_code == 202, r.text
+    job = r.json()
+    job_schema.validate(job)
+    assert re.fullmatch(r"job-[0-9a-f]{16}", job["id"])
+    assert r.headers["location"] == f"/v1/dumps/{job['id']}" == job["url"]
+    assert (job["status"], job["model"], job["forwards"], job["dump"], job["error"]) == \
+        ("pending", "tree", 2, None, None)
+    polled = client.get(r.headers["location"])
+    assert polled.status_code == 202 and polled.json()["status"] == "pending"
+    assert client.get("/v1/dumps").json() == {"dumps": []}
+    # WHEN forwards run, THEN a long poll returns the completed request with its stored dump
     with Traffic(model):
-        r = client.post("/v1/dumps", params={"kind": "speedscope", "forwards": 2, "timeout": 10, "model": "tree"})
-    assert r.status_code == 201, r.text
-    info = r.json()
+        done = client.get(r.headers["location"], params={"wait": 30})
+    assert done.status_code == 200, done.text
+    job = done.json()
+    job_schema.validate(job)
+    assert job["status"] == "complete" and job["finished"] >= job["created"]
+    with pytest.raises(jsonschema.ValidationError):  # the schema has teeth: complete needs its dump
+        job_schema.validate({**job, "dump": None})
+    info = job["dump"]
     assert re.fullmatch(r"\d{8}T\d{6}Z-tree-[0-9a-f]{8}", info["id"])
-    assert info["url"] == f"/v1/dumps/{info['id']}" == r.headers["location"]
+    assert info["url"] == f"/v1/dumps/{info['id']}"
     assert info["kind"] == "speedscope" and info["model"] == "tree"
     listed = client.get("/v1/dumps").json()["dumps"]
     assert [d["id"] for d in listed] == [info["id"]] and listed[0]["size_bytes"] == info["size_bytes"]
     assert "path" not in listed[0]  # the local path is not disclosed
-
+    # AND the existing download route serves the file
     got = client.get(info["url"])
     assert got.status_code == 200 and got.headers["content-type"].startswith("application/json")
     assert len(got.content) == info["size_bytes"]
@@ -286,6 +315,46 @@ def test_post_dump_201_then_list_and_download_valid_speedscope(client, tree, spe
     assert len(root_opens) == 2  # exactly the two captured forwards
 
 
+def test_post_dump_with_wait_answers_200_with_the_stored_dump(client, tree):
+    model, _ = tree
+    with Traffic(model):
+        r = client.post("/v1/dumps", params={"forwards": 1, "timeout": 10, "wait": 30})
+    assert r.status_code == 200, r.text
+    job = r.json()
+    _dump_job_validator(client).validate(job)
+    assert job["status"] == "complete" and r.headers["location"] == f"/v1/dumps/{job['id']}"
+    assert client.get(job["dump"]["url"]).json()["profiles"][0]["unit"] == "bytes"
+    assert client.get(job["url"]).json() == job  # the poll says the same
+
+
+def test_post_dump_with_a_short_wait_answers_202_pending(client, tree):
+    t0 = time.monotonic()
+    r = client.post("/v1/dumps", params={"timeout": 5, "wait": 0.3})
+    assert 0.3 <= time.monotonic() - t0 < 3
+    assert r.status_code == 202 and r.json()["status"] == "pending"
+    # the request's capture is still armed: a second one on the model is refused at once
+    assert_error(client.post("/v1/dumps", params={"timeout": 5}), 409, "capture_in_progress")
+    model, _ = tree
+    with Traffic(model):
+        done = client.get(r.headers["location"], params={"wait": 30})
+    assert done.status_code == 200 and done.json()["status"] == "complete"
+
+
+@pytest.mark.parametrize("wait", ["-1", "55.5", "nan", "inf", "1e999", "abc", ""])
+def test_out_of_range_wait_is_400_and_starts_nothing(client, tree, wait):
+    body = assert_error(client.post("/v1/dumps", params={"timeout": 5, "wait": wait}), 400, "bad_parameter")
+    assert "wait" in body["detail"] and "55" in body["detail"]
+    _, h = tree
+    h.capture(forwards=1).cancel()  # no capture was left armed (else: CaptureBusy)
+    assert_error(client.get("/v1/dumps/job-0123456789abcdef", params={"wait": wait}), 400, "bad_parameter")
+
+
+def test_unknown_request_id_is_404_json(client, tree):
+    assert "job-0123456789abcdef" in assert_error(client.get("/v1/dumps/job-0123456789abcdef"), 404,
+                                                  "job_not_found")["detail"]
+    assert_error(client.get("/v1/dumps/job-0123"), 400, "bad_dump_id")  # neither a request's nor a dump's
+
+
 def test_post_dump_409_while_another_capture_runs(client, tree):
     _, h = tree
     cap = h.capture(forwards=1)  # no traffic: it stays running
@@ -296,13 +365,23 @@ def test_post_dump_409_while_another_capture_runs(client, tree):
 
 def test_post_dump_504_when_no_forward_comes_in_time(client, tree):
     t0 = time.monotonic()
-    assert_error(client.post("/v1/dumps", params={"timeout": "0.2"}), 504, "no_forward_in_time")
+    body = assert_error(client.post("/v1/dumps", params={"timeout": "0.2", "wait": 10}), 504, "no_forward_in_time")
     assert 0.2 <= time.monotonic() - t0 < 5
+    assert body["status"] == "failed" and "0.2 s" in body["detail"]
     assert client.get("/v1/dumps").json() == {"dumps": []}
+    # polled without wait, the same failure is the request's status: 200, failed, with the error
+    pending = client.post("/v1/dumps", params={"timeout": "0.2"})
+    assert pending.status_code == 202
+    failed = client.get(pending.headers["location"], params={"wait": 10})
+    assert failed.status_code == 200
+    job = failed.json()
+    _dump_job_validator(client).validate(job)
+    assert (job["status"], job["error"], job["dump"]) == ("failed", "no_forward_in_time", None)
+    assert "no forward of 'tree' completed" in job["detail"]
     # the timed-out capture does not block the next one
     model, _ = tree
     with Traffic(model):
-        assert client.post("/v1/dumps", params={"timeout": 10}).status_code == 201
+        assert client.post("/v1/dumps", params={"timeout": 10, "wait": 30}).status_code == 200
 
 
 @pytest.mark.parametrize("params", [
@@ -368,13 +447,13 @@ def test_unknown_route_is_404(client, path):
     assert_error(client.get(path), 404, "not_found")
 
 
-def _token_requests(dump_url: str) -> list[tuple[str, str, dict[str, Any]]]:
-    return [
+def _token_requests(dump_url: str, job_url: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return [("GET", job_url, {}),
         ("GET", "/v1/status", {}), ("GET", "/v1/layers", {}), ("GET", "/v1/timeline", {}),
         ("GET", "/v1/alerts", {}), ("GET", "/v1/watchdog/rules", {}),
         ("PUT", "/v1/watchdog/rules", {"json": {"rules": []}}),
         ("GET", "/v1/dumps", {}), ("GET", dump_url, {}), ("GET", "/openapi.json", {}),
-        ("POST", "/v1/dumps", {"params": {"timeout": 10}}),
+        ("POST", "/v1/dumps", {"params": {"timeout": 10, "wait": 30}}),
     ]
 
 
@@ -388,15 +467,15 @@ def test_token_guards_every_route_but_metrics_and_healthz(tmp_path, tree):
     with httpx.Client(base_url=srv.url, timeout=30, headers=JSON_HEADERS) as c, Traffic(model):
         for public in ("/metrics", "/healthz"):
             assert c.get(public).status_code == 200
-        first = c.post("/v1/dumps", params={"timeout": 10}, headers=good)
-        assert first.status_code == 201, first.text
-        for method, path, kw in _token_requests(first.json()["url"]):
+        first = c.post("/v1/dumps", params={"timeout": 10, "wait": 30}, headers=good)
+        assert first.status_code == 200, first.text
+        for method, path, kw in _token_requests(first.json()["dump"]["url"], first.headers["location"]):
             for headers in bad:
                 r = c.request(method, path, headers=headers, **kw)
                 assert_error(r, 401, "unauthorized")
                 assert r.headers["www-authenticate"].startswith("Bearer")
             ok = c.request(method, path, headers=good, **kw)
-            assert ok.status_code == (201 if method == "POST" else 200), (method, path, ok.text)
+            assert ok.status_code == 200, (method, path, ok.text)
         status = c.get("/v1/status", headers=good)
         assert "s3cret" not in status.text and status.json()["config"]["http"]["token"] is None
     srv.close()

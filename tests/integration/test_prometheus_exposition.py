@@ -69,7 +69,7 @@ def populate(client: httpx.Client, model: nn.Module) -> None:
     rule = {"name": "rss_any", "metric": "memprof_process_resident_memory_bytes", "op": ">", "threshold": 1}
     assert client.put("/v1/watchdog/rules", json={"rules": [rule]}).status_code == 200
     with Traffic(model, op="generate"):
-        assert client.post("/v1/dumps", params={"timeout": 10}).status_code == 201
+        assert client.post("/v1/dumps", params={"timeout": 10, "wait": 30}).status_code == 200
         wait_until(lambda: values(client, "memprof_alert_active", rule="rss_any"), what="the alert series")
 
 

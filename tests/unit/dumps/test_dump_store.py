@@ -4,11 +4,12 @@ import json
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
-from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, make_id, sanitize_model
+from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, default_dir, make_id, sanitize_model
 from memprof_otel.errors import DumpNotFound, InvalidDumpId, MemprofError
 from memprof_otel.errors import ExportError
 
@@ -299,3 +300,88 @@ def test_oom_records_rotate_apart_from_on_demand_dumps(tmp_path):
 def test_max_oom_files_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         DumpStore(tmp_path, 5, 1 << 20, max_oom_files=0)
+
+
+# ---- whose files rotation may remove; temp files; the default folder --------------------------
+
+def test_rotation_leaves_dumps_this_process_did_not_write(tmp_path):
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    # files named like dumps, written by someone else (another process sharing the folder)
+    theirs = [folder / f"20231114T2213{i:02d}Z-other-0000ff0{i}.speedscope.json" for i in range(4)]
+    for i, p in enumerate(theirs):
+        p.write_bytes(b"x" * 100)
+        os.utime(p, (T0 - 1000 + i, T0 - 1000 + i))  # older than anything of ours
+    store = make_store(tmp_path, max_files=2, max_bytes=250)
+    ours = [store.save(b"{}").id for _ in range(4)]
+    assert all(p.exists() for p in theirs)  # neither the count nor the size cap reached them
+    assert sorted(d.id for d in store.list()) == sorted([*ours[2:], *(p.name.split(".")[0] for p in theirs)])
+    assert [store.owns(i) for i in ours] == [False, False, True, True]
+    assert not store.owns(theirs[0].name.split(".")[0])
+
+
+def test_a_second_store_of_this_process_on_the_folder_rotates_the_first_ones_files(tmp_path):
+    # the dump service makes a new store when the caps change: the files stay this process's
+    first = make_store(tmp_path, max_files=5)
+    old = [first.save(b"{}").id for _ in range(3)]
+    second = DumpStore(tmp_path / "dumps", 2, 1 << 20, clock=clock_from(T0 + 100), token=tokens())
+    new = second.save(b"{}").id
+    assert [d.id for d in second.list()] == [new, old[2]]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_rotate_its_parents_files(tmp_path):
+    store = make_store(tmp_path, max_files=5)
+    parent = [store.save(b"{}").id for _ in range(3)]
+    pid = os.fork()
+    if pid == 0:  # the child: its own store, max_files 1
+        try:
+            DumpStore(tmp_path / "dumps", 1, 1 << 20).save(b"{}")
+            DumpStore(tmp_path / "dumps", 1, 1 << 20).save(b"{}")
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    ids = {d.id for d in store.list()}
+    assert set(parent) <= ids and len(ids) == 4  # the parent's three, and the child's last one
+
+
+def test_a_stale_temp_file_is_removed_and_a_fresh_one_kept(tmp_path):
+    store = make_store(tmp_path)
+    store.save(b"{}")
+    folder = tmp_path / "dumps"
+    left = folder / ".memprof-killed.tmp"
+    left.write_bytes(b'{"half')
+    store.save(b"{}")  # an hour is the default: a fresh temp file may be a write in progress
+    assert left.exists()
+    assert ".memprof-killed.tmp" not in {d.path.name for d in store.list()}
+    time.sleep(0.01)
+    make_store(tmp_path, stale_temp_seconds=0.005).save(b"{}")
+    assert not left.exists()
+    assert len(store.list()) == 3
+
+
+def test_default_dir_is_per_service_and_pid():
+    assert default_dir("inference", 4242, base="/b") == Path("/b/memprof-otel-dumps-inference-4242")
+    assert default_dir("my svc/v1.2", 7, base="/b") == Path("/b/memprof-otel-dumps-my_svc_v1_2-7")
+    assert default_dir("", 7, base="/b") == Path("/b/memprof-otel-dumps-memprof-otel-7")
+    assert default_dir("x", 1) != default_dir("x", 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+def test_a_private_store_refuses_a_folder_open_to_others_or_a_symlink(tmp_path):
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o777)
+    opened.chmod(0o777)  # what another user would make first, for us to write into
+    with pytest.raises(ExportError, match="not a private folder"):
+        DumpStore(opened, 5, 1000, private=True).save(b"{}")
+    assert list(opened.iterdir()) == []
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    with pytest.raises(ExportError, match="not a private folder"):
+        DumpStore(link, 5, 1000, private=True).save(b"{}")
+    assert list(real.iterdir()) == []
+    assert DumpStore(tmp_path / "fresh", 5, 1000, private=True).save(b"{}").path.exists()
+    assert DumpStore(opened, 5, 1000).save(b"{}").path.exists()  # an explicit folder is the user's call
