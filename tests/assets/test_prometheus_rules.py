@@ -16,7 +16,8 @@ CONFIGS = ["prometheus.yml", "prometheus-multiworker.yml"]
 EXPECTED_ALERTS = {
     "MemprofGpuMemoryNearFull", "MemprofOutOfMemory", "MemprofAllocatorRetries",
     "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
-    "MemprofRssNearCgroupLimit", "MemprofSamplerStale", "MemprofSamplerSlow",
+    "MemprofRssNearCgroupLimit", "MemprofWorkingSetNearCgroupLimit", "MemprofContainerOomKilled",
+    "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring",
 }
 SEVERITIES = {"info", "warning", "critical"}

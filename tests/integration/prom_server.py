@@ -69,6 +69,10 @@ class PromHandle:
                                      f"targets: {self.targets()}\n{self.log_tail()}")
             time.sleep(0.25)
 
+    def metadata(self) -> dict[str, list[dict[str, Any]]]:
+        """Family name -> the type, help and unit Prometheus took from the scrapes."""
+        return dict(_get_json(f"{self.url}/api/v1/metadata")["data"])
+
     def targets(self) -> list[dict[str, Any]]:
         return list(_get_json(f"{self.url}/api/v1/targets")["data"]["activeTargets"])
 
