@@ -16,6 +16,7 @@ cgroup path made relative to the mount's root.
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 V1_NO_LIMIT = 2**60  # v1 writes "no limit" as a huge page-aligned number (2**63 - 4096 on x86-64)
@@ -60,16 +61,8 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 
 
 def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[CgroupMount]:
