@@ -13,6 +13,10 @@ DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                        30.0, 60.0, 300.0, 1800.0)
 
 
+# UCUM unit -> the Prometheus/OpenMetrics unit word a name ends with
+_PROM_UNITS = {"By": "bytes", "s": "seconds", "1": "ratio", "{cpu}": "cores"}
+
+
 @dataclass(frozen=True)
 class MetricDef:
     prom: str                 # the Prometheus family name as scraped (counters end in _total)
@@ -21,6 +25,12 @@ class MetricDef:
     kind: str                 # gauge | counter | histogram | summary | info
     help: str
     labels: tuple[str, ...] = ()
+
+    @property
+    def prom_unit(self) -> str:
+        """The OpenMetrics unit (``# UNIT`` line): the name's unit suffix, where the name has one."""
+        unit = _PROM_UNITS.get(self.unit, "")
+        return unit if unit and self.family.endswith("_" + unit) else ""
 
     @property
     def family(self) -> str:
@@ -88,20 +98,39 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_process_peak_resident_memory_bytes", "memprof.process.peak_resident_memory", "By",
               "gauge", "Peak resident set size (VmHWM)"),
     MetricDef("memprof_process_memory_limit_bytes", "memprof.process.memory_limit", "By", "gauge",
-              "Memory limit of the process's cgroup, when set"),
+              "Memory limit of the process's cgroup (the tightest on the way up), when set"),
     MetricDef("memprof_process_children_resident_memory_bytes", "memprof.process.children.resident_memory",
               "By", "gauge", "Resident set size of all descendant processes"),
+    MetricDef("memprof_process_cpu_seconds_total", "memprof.process.cpu", "s", "counter",
+              "CPU time (user + system, all threads) the process has used"),
     MetricDef("memprof_process_cpu_utilization_ratio", "memprof.process.cpu_utilization", "1", "gauge",
-              "CPU time / wall time / available CPUs over the last sampler interval"),
+              "CPU time / wall time / CPU capacity over the last sampler interval; the capacity is the "
+              "cgroup CPU quota in cores when one is set (at most the CPUs the process may run on), "
+              "else those CPUs"),
     MetricDef("memprof_process_io_read_bytes_total", "memprof.process.io.read", "By", "counter",
               "Bytes read from storage by the process and its children"),
     MetricDef("memprof_process_io_write_bytes_total", "memprof.process.io.write", "By", "counter",
               "Bytes written to storage by the process and its children"),
+    # container (the process's cgroup; absent without one)
+    MetricDef("memprof_container_memory_usage_bytes", "memprof.container.memory.usage", "By", "gauge",
+              "Memory charged to the process's cgroup (memory.current / memory.usage_in_bytes): "
+              "all its processes, page cache and kernel memory included"),
+    MetricDef("memprof_container_memory_working_set_bytes", "memprof.container.memory.working_set", "By",
+              "gauge", "Cgroup memory usage minus inactive file pages: what the kubelet evicts on and "
+              "what cannot be reclaimed before an OOM kill"),
+    MetricDef("memprof_container_oom_kills_total", "memprof.container.oom_kills", "{oom_kill}", "counter",
+              "Processes the kernel OOM-killed in the process's cgroup (memory.events / "
+              "memory.oom_control oom_kill)"),
+    MetricDef("memprof_container_cpu_limit_cores", "memprof.container.cpu.limit_cores", "{cpu}", "gauge",
+              "CPU quota of the process's cgroup in cores (quota / period), when set"),
     # operations
     MetricDef("memprof_operation_duration_seconds", "memprof.operation.duration", "s", "histogram",
               "Duration of operations", ("operation",)),
     MetricDef("memprof_operation_memory_peak_bytes", "memprof.operation.memory_peak", "By", "histogram",
-              "Memory peak during operations (RSS or allocator, whichever is larger)", ("operation",)),
+              "Memory level at the operation's peak (RSS or allocator, whichever is larger)", ("operation",)),
+    MetricDef("memprof_operation_memory_peak_increase_bytes", "memprof.operation.memory_peak_increase", "By",
+              "histogram", "The operation's own memory need: peak during it minus the level at its start "
+              "(largest over RSS and each allocator)", ("operation",)),
     MetricDef("memprof_operation_memory_delta_bytes", "memprof.operation.memory_delta", "By", "gauge",
               "RSS at the end minus at the start of the last operation of that name", ("operation",)),
     # watchdog
@@ -110,7 +139,14 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_watchdog_alerts_total", "memprof.watchdog.alerts", "{alert}", "counter",
               "Times the watchdog rule started firing", _R),
     MetricDef("memprof_watchdog_threshold", "memprof.watchdog.threshold", "", "gauge",
-              "The watchdog rule's threshold, in the metric's unit", _R),
+              "Deprecated for rules on metrics with a unit (use memprof_watchdog_threshold_bytes, "
+              "_seconds or _ratio): the threshold of every rule, in its metric's unit", _R),
+    MetricDef("memprof_watchdog_threshold_bytes", "memprof.watchdog.threshold_bytes", "By", "gauge",
+              "Threshold of the watchdog rules on a metric in bytes", _R),
+    MetricDef("memprof_watchdog_threshold_seconds", "memprof.watchdog.threshold_seconds", "s", "gauge",
+              "Threshold of the watchdog rules on a metric in seconds", _R),
+    MetricDef("memprof_watchdog_threshold_ratio", "memprof.watchdog.threshold_ratio", "1", "gauge",
+              "Threshold of the watchdog rules on a ratio metric (0..1)", _R),
     # self
     MetricDef("memprof_overhead_seconds_total", "memprof.overhead", "s", "counter",
               "Time memprof_otel added to forwards (hooks plus measured slowdown of attributed forwards)",

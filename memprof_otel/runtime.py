@@ -188,6 +188,8 @@ class Runtime:
         specs: list[SourceSpec] = []
         if (p := registry.process()) is not None:
             specs.append(SourceSpec("process", p.stats))
+        if (cg := registry.cgroup()) is not None:
+            specs.append(SourceSpec("cgroup", cg.stats))
         if (h := registry.host_allocator()) is not None:
             specs.append(SourceSpec("cpu", h.stats))
         for i in _cuda_devices():

@@ -36,6 +36,7 @@ class Sample:
     allocators: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     gpus: tuple[GpuReading, ...] = ()
     operation: str | None = None                      # innermost operation open at the tick
+    container: Mapping[str, float] = field(default_factory=dict)  # CgroupSource.stats() keys
 
     @property
     def rss(self) -> int:
@@ -44,7 +45,8 @@ class Sample:
     def to_dict(self) -> dict[str, Any]:
         return {"t": self.t, "process": dict(self.process),
                 "allocators": {k: dict(v) for k, v in self.allocators.items()},
-                "gpus": [g.to_dict() for g in self.gpus], "operation": self.operation}
+                "gpus": [g.to_dict() for g in self.gpus], "operation": self.operation,
+                "container": dict(self.container)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Sample":
@@ -57,7 +59,8 @@ class Sample:
         return cls(t=float(d["t"]), process={str(k): float(v) for k, v in (d.get("process") or {}).items()},
                    allocators={str(dev): {str(k): float(v) for k, v in figs.items()}
                                for dev, figs in (d.get("allocators") or {}).items()},
-                   gpus=gpus, operation=d.get("operation"))
+                   gpus=gpus, operation=d.get("operation"),
+                   container={str(k): float(v) for k, v in (d.get("container") or {}).items()})
 
 
 @dataclass
@@ -98,6 +101,14 @@ class OperationRecord:
         """The largest memory figure seen while open: process RSS or any allocator's peak."""
         return max([self.rss_peak, self.rss_start, self.rss_end or 0, *self.device_peak.values()])
 
+    @property
+    def peak_increase_bytes(self) -> int:
+        """The operation's own need: the largest rise above its start level, over RSS and each
+        allocator (peak while open minus the level at the start; 0 when nothing rose)."""
+        rises = [max(self.rss_peak, self.rss_end or 0) - self.rss_start]
+        rises += [peak - self.device_start.get(dev, 0) for dev, peak in self.device_peak.items()]
+        return max(0, *rises)
+
     def observe(self, rss: int, allocators: Mapping[str, int] | None = None) -> None:
         if rss > self.rss_peak:
             self.rss_peak = rss
@@ -110,6 +121,8 @@ class OperationRecord:
                 "end": self.end, "duration_seconds": self.duration, "rss_start_bytes": self.rss_start,
                 "rss_end_bytes": self.rss_end, "rss_peak_bytes": self.rss_peak,
                 "memory_peak_bytes": self.peak_bytes, "memory_delta_bytes": self.delta_bytes,
+                "memory_peak_increase_bytes": self.peak_increase_bytes,
+                "device_start_bytes": dict(self.device_start),
                 "device_peak_bytes": dict(self.device_peak), "attributes": dict(self.attributes),
                 "parent_id": self.parent_id, "thread": self.thread, "error": self.error,
                 "oom": self.oom, "trace_id": self.trace_id}
@@ -121,6 +134,7 @@ class OperationRecord:
                    attributes=dict(d.get("attributes") or {}), parent_id=d.get("parent_id"),
                    thread=str(d.get("thread", "")), end=d.get("end"), rss_end=d.get("rss_end_bytes"),
                    rss_peak=int(d.get("rss_peak_bytes", 0)),
+                   device_start={k: int(v) for k, v in (d.get("device_start_bytes") or {}).items()},
                    device_peak={k: int(v) for k, v in (d.get("device_peak_bytes") or {}).items()},
                    error=d.get("error"), oom=bool(d.get("oom", False)), trace_id=d.get("trace_id"))
 

@@ -175,17 +175,55 @@ def memory_full_in_1h(c: Ctx) -> Rule:
                 "reordering). The value is the projected size in bytes.")
 
 
+@alert("MemprofWorkingSetNearCgroupLimit")
+def working_set_near_cgroup_limit(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofWorkingSetNearCgroupLimit",
+        f"{c.m('memprof_container_memory_working_set_bytes')}\n"
+        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}",
+        "Working set of {{ $labels.instance }}'s container is {{ $value | humanizePercentage }} of its memory limit",
+        f"The container (cgroup) of {{{{ $labels.instance }}}} has had a working set above {percent(p['ratio'])} "
+        f"of its memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The "
+        "working set counts every process in the container and the page cache that cannot be reclaimed; "
+        "when it reaches the limit the kernel OOM-kills a process. Compare "
+        "memprof_process_resident_memory_bytes (this process) with "
+        "memprof_container_memory_working_set_bytes (the whole container) to see who holds it.",
+        comment="The kernel OOM-kills on the cgroup's memory, not the process's RSS: page cache, tmpfs/shm\n"
+                "and the other processes of the container count too. The working set (usage minus\n"
+                "inactive file pages, which the kernel reclaims first) is what the kubelet evicts on.")
+
+
+@alert("MemprofContainerOomKilled")
+def container_oom_killed(c: Ctx) -> Rule:
+    w = c.params["window"]
+    return Rule(
+        "MemprofContainerOomKilled",
+        f"increase({c.m('memprof_container_oom_kills_total')}[{w}]) > 0",
+        "The kernel OOM-killed a process in {{ $labels.instance }}'s container",
+        "The container (cgroup) of {{ $labels.instance }} reached its memory limit and the kernel "
+        f"killed {{{{ $value | printf \"%.0f\" }}}} process(es) in it in the last {duration_words(w)}. Whatever "
+        "they were serving failed. See memprof_container_memory_working_set_bytes against "
+        "memprof_process_memory_limit_bytes, and the kernel log of the node.",
+        comment="A process of the container was OOM-killed: a worker, a child, or this process in an earlier\n"
+                "life if its container survived. (When the kernel kills the instrumented process itself\n"
+                "the endpoint dies with it: MemprofTargetDown.)")
+
+
 @alert("MemprofRssNearCgroupLimit")
 def rss_near_cgroup_limit(c: Ctx) -> Rule:
     p = c.params
     return Rule(
         "MemprofRssNearCgroupLimit",
         f"{c.m('memprof_process_resident_memory_bytes')}\n"
-        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}",
+        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}\n"
+        f"unless on(instance, job) {c.m('memprof_container_memory_working_set_bytes')}",
         "{{ $labels.instance }} uses {{ $value | humanizePercentage }} of its cgroup memory limit",
         f"Resident memory of {{{{ $labels.instance }}}} has been above {percent(p['ratio'])} of its cgroup "
         f"memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The kernel "
-        "OOM-kills the container when the cgroup reaches its limit.")
+        "OOM-kills the container when the cgroup reaches its limit.",
+        comment="Fallback for targets without the container figures (memprof-otel before they existed, or\n"
+                "a cgroup whose usage cannot be read): RSS is a lower bound of what the kernel counts.")
 
 
 @alert("MemprofGpuMemoryNearFull")

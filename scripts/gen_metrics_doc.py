@@ -26,7 +26,8 @@ Every metric memprof-otel exports, straight from its metric catalog: the Prometh
 scraped, its type, the OpenTelemetry instrument that carries the same figure and that instrument's
 unit, the labels, and the help text `/metrics` serves. Sizes are bytes, times seconds, ratios 0..1.
 The families with their meaning and the label conventions are described in
-[reference.md](reference.md#prometheus-metrics).
+[reference.md](reference.md#prometheus-metrics); which names are stable and how one is retired, in
+[metric-stability.md](metric-stability.md).
 
 | metric | type | OTel instrument | OTel unit | labels | help |
 |---|---|---|---|---|---|

@@ -30,9 +30,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _system() -> dict[str, Any]:
     try:
         with open("/proc/self/cgroup", encoding="ascii") as f:
-            limit = cgroup_memory_limit(f.read())
+            proc_cgroup = f.read()
     except OSError:
-        limit = None
+        proc_cgroup = ""
+    try:  # where each cgroup hierarchy is mounted (without it, the usual /sys/fs/cgroup layout)
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            mountinfo: str | None = f.read()
+    except OSError:
+        mountinfo = None
+    limit = cgroup_memory_limit(proc_cgroup, mountinfo=mountinfo) if proc_cgroup else None
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -5,8 +5,8 @@ prometheus_client's generic path (a ``Sample`` tuple per value, then its encoder
 32 ms median and ~200 ms p95: the tuples are GC-tracked, so scrapes triggered full collections that
 also stall the model's thread on the GIL (docs/benchmarks.md). Here they are formatted as strings
 (not GC-tracked), byte for byte what prometheus_client writes for the same families — the same
-value formatting (``floatToGoString``), sorted labels and escaping — which the tests check. The
-format is identical in text 0.0.4 and OpenMetrics for gauges and summaries without units.
+value formatting (``floatToGoString``), sorted labels and escaping — which the tests check. Text
+0.0.4 and OpenMetrics differ here only in OpenMetrics' ``# UNIT`` line after ``# TYPE``.
 """
 from __future__ import annotations
 
@@ -33,14 +33,21 @@ def _help(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
-def render_layer_families(views: Iterable[LayerView]) -> str:
-    """The four per-layer gauges and the forward-time summary as exposition text."""
+def _head(name: str, kind: str, openmetrics: bool) -> str:
+    d = BY_PROM[name]
+    unit = f"# UNIT {name} {d.prom_unit}\n" if openmetrics and d.prom_unit else ""
+    return f"# HELP {name} {_help(d.help)}\n# TYPE {name} {kind}\n{unit}"
+
+
+def render_layer_families(views: Iterable[LayerView], openmetrics: bool = False) -> str:
+    """The four per-layer gauges and the forward-time summary as exposition text (with the
+    ``# UNIT`` lines when ``openmetrics``)."""
     # one pass per family over the views, strings only: no per-sample container survives the call
     g = floatToGoString
     views = list(views)
     out: list[str] = []
     for i, (name, _) in enumerate(LAYER_GAUGES):
-        out.append(f"# HELP {name} {_help(BY_PROM[name].help)}\n# TYPE {name} gauge\n")
+        out.append(_head(name, "gauge", openmetrics))
         for v in views:
             head = f'{name}{{device="{_esc(v.device)}",layer="'
             tail = f'",model="{_esc(v.model)}"}} '
@@ -49,7 +56,7 @@ def render_layer_families(views: Iterable[LayerView]) -> str:
                 if value is not None:  # fragmentation is absent where it is not measured
                     out.append(f"{head}{_esc(path)}{tail}{g(value)}\n")
     name = LAYER_SUMMARY
-    out.append(f"# HELP {name} {_help(BY_PROM[name].help)}\n# TYPE {name} summary\n")
+    out.append(_head(name, "summary", openmetrics))
     for v in views:
         lab_head = f'{{device="{_esc(v.device)}",layer="'
         tail = f'",model="{_esc(v.model)}"}} '

@@ -225,6 +225,8 @@ class OtelExporter:
         by = {d.prom: d for d in METRICS}
         self.op_duration = self._histogram(by["memprof_operation_duration_seconds"], DURATION_BUCKETS)
         self.op_peak = self._histogram(by["memprof_operation_memory_peak_bytes"], MEMORY_PEAK_BUCKETS)
+        self.op_peak_increase = self._histogram(by["memprof_operation_memory_peak_increase_bytes"],
+                                                MEMORY_PEAK_BUCKETS)
         self.layer_forward = self._histogram(by["memprof_layer_forward_seconds"], DURATION_BUCKETS)
 
     def _histogram(self, d: MetricDef, bounds: Sequence[float]) -> Any:
@@ -244,6 +246,7 @@ class OtelExporter:
         attrs = {"operation": label}
         self.op_duration.record(rec.duration, attrs)
         self.op_peak.record(rec.peak_bytes, attrs)
+        self.op_peak_increase.record(rec.peak_increase_bytes, attrs)
 
     def record_layer_calls(self, model: str, device: str, calls: Iterable[Any]) -> None:
         for c in calls:

@@ -58,7 +58,7 @@ class MemprofCollector(Collector):
             if not self._layers and d.prom in LAYER_FAMILIES:
                 continue
             if d.kind == "summary":
-                fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels))
+                fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels), unit=d.prom_unit)
                 for labels, seconds, calls in layer_forward_series(views):
                     fam.add_metric([labels[k] for k in d.labels], count_value=calls, sum_value=seconds)
                 yield fam
@@ -69,9 +69,10 @@ class MemprofCollector(Collector):
 
     @staticmethod
     def _histogram(d: MetricDef, ops: dict[str, Any]) -> Metric:
-        fam = HistogramMetricFamily(d.prom, d.help, labels=list(d.labels))
+        fam = HistogramMetricFamily(d.prom, d.help, labels=list(d.labels), unit=d.prom_unit)
         for name, f in sorted(ops.items()):
-            h = f.duration if d.prom == "memprof_operation_duration_seconds" else f.peak
+            h = {"memprof_operation_duration_seconds": f.duration,
+                 "memprof_operation_memory_peak_increase_bytes": f.peak_increase}.get(d.prom, f.peak)
             buckets = [(le, count, Exemplar({"trace_id": ex[0]}, ex[1], ex[2]) if ex else None)
                        for le, count, ex in h.cumulative()]
             fam.add_metric([name], buckets, sum_value=h.sum)
@@ -81,14 +82,14 @@ class MemprofCollector(Collector):
 def _family(d: MetricDef, rows: Any) -> Metric:
     labels = list(d.labels)
     if d.kind == "counter":
-        fam: Any = CounterMetricFamily(d.prom, d.help, labels=labels)
+        fam: Any = CounterMetricFamily(d.prom, d.help, labels=labels, unit=d.prom_unit)
     elif d.kind == "info":
         fam = InfoMetricFamily(d.family, d.help, labels=[])
         for lab, _ in rows:
             fam.add_metric([], {k: str(lab.get(k, "")) for k in d.labels})
         return fam
     else:
-        fam = GaugeMetricFamily(d.prom, d.help, labels=labels)
+        fam = GaugeMetricFamily(d.prom, d.help, labels=labels, unit=d.prom_unit)
     for lab, value in rows:
         fam.add_metric([str(lab.get(k, "")) for k in labels], value)
     return fam
@@ -102,12 +103,14 @@ def make_registry(rt: ScrapeSource, layers: bool = True) -> CollectorRegistry:
 
 def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
-    prometheus_client's encoder, plus the per-layer families through the fast writer.
+    prometheus_client's encoder, plus the per-layer families through the fast writer. OpenMetrics
+    carries ``# UNIT`` lines for every family whose name ends in its unit.
     (``prometheus.enabled: false`` is the endpoint's to answer: it never calls this then.)"""
     encoder, content_type = choose_encoder(accept)
     body = encoder(registry)
     try:
-        layers = render_layer_families(rt.layer_views()).encode()
+        openmetrics = content_type.startswith("application/openmetrics-text")
+        layers = render_layer_families(rt.layer_views(), openmetrics).encode()
     except Exception as e:  # a scrape never fails because of us: serve the rest
         rt.count_export_error("prometheus")
         rate_limited.warning("scrape-layers", "memprof_otel: rendering layer families failed: %r", e)

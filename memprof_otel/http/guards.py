@@ -98,6 +98,22 @@ def host_allowed(header: str | None, bind_host: str | None, allowed: tuple[str, 
     return ip in {_ip(a) for a in allowed}
 
 
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an ``Accept-Encoding`` header (RFC 9110) takes gzip: ``gzip`` or ``*`` listed with a
+    q-value above 0 (``gzip;q=0`` refuses it; prometheus_client's own check ignores q)."""
+    best: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        coding, *params = [p.strip() for p in item.split(";")]
+        q = 1.0
+        for p in params:
+            name, _, value = p.partition("=")
+            if name.strip().lower() == "q":
+                q = parse_number(value.strip(), 0.0, 1.0) or 0.0
+        if coding:
+            best[coding.lower()] = q
+    return best.get("gzip", best.get("x-gzip", best.get("*", 0.0))) > 0
+
+
 def media_type(content_type: str) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 

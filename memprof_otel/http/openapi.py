@@ -71,11 +71,14 @@ def _schemas() -> dict[str, Any]:
             "t": _NUM, "process": {"type": "object", "additionalProperties": _NULLABLE_NUM},
             "allocators": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": _NULLABLE_NUM}},
-            "gpus": {"type": "array", "items": _OBJ}, "operation": _NULLABLE_STR}},
+            "gpus": {"type": "array", "items": _OBJ}, "operation": _NULLABLE_STR,
+            "container": {"type": "object", "additionalProperties": _NULLABLE_NUM,
+                          "description": "the process's cgroup figures (empty without a readable cgroup)"}}},
         "Operation": {"type": "object", "required": ["id", "name", "kind", "start", "end"], "properties": {
             "id": {"type": "integer"}, "name": {"type": "string"}, "kind": {"type": "string"},
             "start": _NUM, "end": _NULLABLE_NUM, "duration_seconds": _NUM,
-            "memory_peak_bytes": _NUM, "memory_delta_bytes": _NUM, "attributes": _OBJ,
+            "memory_peak_bytes": _NUM, "memory_delta_bytes": _NUM, "memory_peak_increase_bytes": _NUM,
+            "attributes": _OBJ,
             "error": _NULLABLE_STR, "oom": {"type": "boolean"}}},
         "Timeline": {"type": "object", "required": ["samples", "operations", "next", "resume"], "properties": {
             "samples": {"type": "array", "items": _ref("Sample")},
@@ -130,7 +133,8 @@ def openapi_document() -> dict[str, Any]:
     rules_body = {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "required": ["rules"],
         "properties": {"rules": {"type": "array", "maxItems": 256, "items": _ref("Rule")}}}}}}
-    metrics = _op("Prometheus exposition (OpenMetrics when the Accept header asks for it)",
+    metrics = _op("Prometheus exposition (OpenMetrics when the Accept header asks for it; gzip-encoded "
+                  "when Accept-Encoding takes gzip)",
                   {"200": "metrics", "403": "Host not this endpoint's"}, public=True)
     metrics["responses"]["200"]["content"] = {"text/plain": {"schema": {"type": "string"}},
                                               "application/openmetrics-text": {"schema": {"type": "string"}}}

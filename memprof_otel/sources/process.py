@@ -1,4 +1,5 @@
-"""Process figures (RSS, virtual size, peak, cgroup limit, children, CPU, disk I/O) from /proc.
+"""Process figures (RSS, virtual size, peak, cgroup limit, children, CPU time and utilization,
+disk I/O) from /proc.
 
 The hot path (``reading()``) is one ``pread`` of ``statm`` on a descriptor kept open. ``stats()``
 (the sampler's) never raises: an unreadable file just leaves its figure out, as in
@@ -14,8 +15,7 @@ from typing import Callable
 import psutil
 
 from memprof_otel.sources.base import Reading, ratio
-
-_V1_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as a huge page-aligned number (2**63 - 4096)
+from memprof_otel.sources.cgroup import LimitCache, dirs_from, find_dirs, memory_limit
 _fork_generation = 0
 _fork_hook_registered = False
 
@@ -34,45 +34,11 @@ def _watch_forks() -> None:
         _fork_hook_registered = True
 
 
-def _limit_in(root: str, cgroup_path: str, filename: str, v1: bool) -> tuple[bool, int | None]:
-    """(any file found, tightest limit) over the cgroup and its ancestors under ``root``.
-    Limits nest, so the smallest on the way up holds; walking up also finds the container's own
-    file when the mount shows only the container's subtree (no dirs for the host's path)."""
-    parts = [p for p in cgroup_path.strip("/").split("/") if p]
-    found, limit = False, None
-    for depth in range(len(parts), -1, -1):
-        try:
-            with open(os.path.join(root, *parts[:depth], filename), encoding="ascii") as f:
-                text = f.read().strip()
-        except (OSError, UnicodeDecodeError):
-            continue
-        found = True
-        value = int(text) if text.isdigit() else None  # v2 writes "max" for none
-        if value is not None and not (v1 and value >= _V1_NO_LIMIT):
-            limit = value if limit is None else min(limit, value)
-    return found, limit
-
-
-def cgroup_memory_limit(proc_cgroup: str, sys_root: str = "/sys") -> int | None:
-    """Memory limit (bytes) of the cgroup in ``proc_cgroup`` (/proc/PID/cgroup text), or None.
-    v1 (``memory.limit_in_bytes``) first, so hybrid hosts use the hierarchy that has the memory
-    controller; then v2 (``0::path``, ``memory.max``). None: no limit, or nothing readable."""
-    v1_path = v2_path = None
-    for line in proc_cgroup.splitlines():
-        fields = line.split(":", 2)
-        if len(fields) == 3 and fields[0] == "0" and fields[1] == "":
-            v2_path = fields[2]
-        elif len(fields) == 3 and "memory" in fields[1].split(","):
-            v1_path = fields[2]
-    base = os.path.join(sys_root, "fs", "cgroup")
-    if v1_path is not None:
-        found, limit = _limit_in(os.path.join(base, "memory"), v1_path,
-                                 "memory.limit_in_bytes", v1=True)
-        if found:
-            return limit
-    if v2_path is not None:
-        return _limit_in(base, v2_path, "memory.max", v1=False)[1]
-    return None
+def cgroup_memory_limit(proc_cgroup: str, sys_root: str = "/sys", mountinfo: str | None = None) -> int | None:
+    """Memory limit (bytes) of the cgroup in ``proc_cgroup`` (/proc/PID/cgroup text), or None:
+    the tightest over its directory and ancestors, in the hierarchy ``mountinfo`` (or, without
+    it, the usual /sys/fs/cgroup layout) shows. None: no limit, or nothing readable."""
+    return memory_limit(dirs_from(proc_cgroup, mountinfo, sys_root).memory)[1]
 
 
 def _statm_pages(text: bytes | str | None) -> tuple[int, int] | None:
@@ -93,8 +59,8 @@ def _available_cpus() -> int:
 class ProcessSource:
     """``MemorySource`` for the process: allocated = RSS, reserved = virtual size. ``proc``,
     ``sys`` and ``pid`` point it at another tree (fixture files in tests). CPU utilization is
-    CPU seconds / (wall seconds * CPUs the process may run on), 0..1, between consecutive
-    ``stats()`` calls (the first one against construction time)."""
+    CPU seconds / (wall seconds * ``cpu_capacity()``), 0..1, between consecutive ``stats()``
+    calls (the first one against construction time)."""
     name = "process"
 
     def __init__(self, proc: str = "/proc", sys: str = "/sys", pid: int | str = "self", *,
@@ -109,6 +75,7 @@ class ProcessSource:
         self._lock = threading.Lock()  # guards opening/closing the fd, never the pread itself
         self._fd: int | None = None  # Python opens it O_CLOEXEC: exec'd children never see it
         self.io_available = True
+        self._limits = LimitCache(lambda: find_dirs(self._proc, self._sys, self._pid))
         _watch_forks()
         self._fresh_state()
 
@@ -120,6 +87,7 @@ class ProcessSource:
         self._last = Reading(0, 0, 0, 0, 0, 0.0)
         self._io_floor = (0, 0)  # exported as counters: never let them go down
         self._cpu_prev = (self._cpu_seconds(), self._clock())
+        self._cpu_floor = 0.0
         self._cpu_ratio: float | None = None
 
     def close(self) -> None:
@@ -267,27 +235,30 @@ class ProcessSource:
             pages = (_statm_pages(self._read_text("statm", kid)) for kid in kids)
             out["children_resident_memory_bytes"] = float(
                 sum(p[0] for p in pages if p is not None) * self._page)  # exited ones: skipped
-        if (cpu := self._cpu_utilization()) is not None:
+        cpu_seconds = self._cpu_seconds()
+        if cpu_seconds is not None:  # user + system, all threads (children are not included)
+            self._cpu_floor = max(self._cpu_floor, cpu_seconds)  # exported as a counter
+            out["cpu_seconds"] = self._cpu_floor
+        if (cpu := self._cpu_utilization(cpu_seconds)) is not None:
             out["cpu_utilization_ratio"] = cpu
         out["io_read_bytes"], out["io_write_bytes"] = map(float, self._io_totals(kids or []))
         return out
 
-    LIMIT_TTL_S = 10.0  # the limit walk is ~40 % of a tick's reads and the limit rarely changes
-
     def _memory_limit(self) -> int | None:
-        now = time.monotonic()
-        cached = getattr(self, "_limit_cache", None)
-        if cached is not None and now - cached[0] < self.LIMIT_TTL_S:
-            return cached[1]
-        limit = cgroup_memory_limit(self._read_text("cgroup") or "", self._sys)
-        self._limit_cache = (now, limit)
-        return limit
+        return self._limits.get()[1]
 
-    def _cpu_utilization(self) -> float | None:
-        now, cpu = self._clock(), self._cpu_seconds()
+    def cpu_capacity(self) -> float:
+        """The CPUs the utilization ratio is relative to: the cgroup CPU quota (cores) when one is
+        set, capped by the CPUs the process may run on (a quota of 8 on 2 CPUs can use 2); else
+        those CPUs."""
+        quota = self._limits.get()[2]
+        return min(float(self._cpus), quota) if quota is not None else float(self._cpus)
+
+    def _cpu_utilization(self, cpu: float | None) -> float | None:
+        now = self._clock()
         (prev_cpu, prev_t), self._cpu_prev = self._cpu_prev, (cpu, now)
         if cpu is not None and prev_cpu is not None and now > prev_t:
-            self._cpu_ratio = ratio(cpu - prev_cpu, (now - prev_t) * self._cpus)
+            self._cpu_ratio = ratio(cpu - prev_cpu, (now - prev_t) * self.cpu_capacity())
         return self._cpu_ratio if cpu is not None else None
 
     def _io_of(self, pid: str = "") -> tuple[int, int] | None:

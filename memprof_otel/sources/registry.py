@@ -12,6 +12,7 @@ from typing import Any
 
 from .._log import logger
 from ..errors import SourceUnavailable
+from .cgroup import CgroupSource
 from .cuda import CudaAllocatorSource
 from .cuda_history import CudaHistoryRecorder
 from .glibc import HostAllocatorSource
@@ -53,6 +54,12 @@ def cuda_allocator(index: int) -> Any | None:
 
 def process() -> Any | None:
     return _get("process", ProcessSource)
+
+
+def cgroup() -> CgroupSource | None:
+    """None (and ``memprof_source_up{source="cgroup"} 0``) where the process has no readable
+    memory cgroup: its figures are then absent, never 0."""
+    return _get("cgroup", CgroupSource)
 
 
 def nvml() -> NvmlSource | None:

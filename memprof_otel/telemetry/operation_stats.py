@@ -1,4 +1,5 @@
-"""Per-operation-name histograms (duration, memory peak) and last delta, for the exporters.
+"""Per-operation-name histograms (duration, memory level at the peak, own peak increase) and
+last delta, for the exporters.
 
 The ``operation`` label is bounded: past ``max_names`` distinct names, new names fold into
 ``__other__`` (a request id passed as a name must not explode the series count). Each bucket keeps
@@ -54,7 +55,8 @@ def _fmt(v: float) -> str:
 @dataclass
 class OperationFigures:
     duration: Histogram
-    peak: Histogram
+    peak: Histogram           # the level at the operation's peak
+    peak_increase: Histogram  # peak minus the level at the start: the operation's own need
     last_delta: float = 0.0
 
 
@@ -75,16 +77,19 @@ class OperationStats:
             f = self._by_name.get(name)
             if f is None:
                 f = self._by_name[name] = OperationFigures(Histogram(DURATION_BUCKETS),
+                                                           Histogram(MEMORY_PEAK_BUCKETS),
                                                            Histogram(MEMORY_PEAK_BUCKETS))
             f.duration.observe(rec.duration, rec.trace_id, rec.end)
             f.peak.observe(float(rec.peak_bytes), rec.trace_id, rec.end)
+            f.peak_increase.observe(float(rec.peak_increase_bytes), rec.trace_id, rec.end)
             f.last_delta = float(rec.delta_bytes)
             return name
 
     def snapshot(self) -> dict[str, OperationFigures]:
         with self._lock:
             # copies, so an exporter never reads a histogram mid-update
-            return {n: OperationFigures(_copy(f.duration), _copy(f.peak), f.last_delta)
+            return {n: OperationFigures(_copy(f.duration), _copy(f.peak), _copy(f.peak_increase),
+                                        f.last_delta)
                     for n, f in self._by_name.items()}
 
     def clear(self) -> None:

@@ -251,8 +251,9 @@ class Sampler:
                 self.up[spec.name] = True
         process = results.pop("process", {})
         gpus = results.pop("nvml", ())
+        container = results.pop("cgroup", {})
         sample = Sample(t=self._clock(), process=process, allocators=results, gpus=gpus,
-                        operation=self._safe_operation())
+                        operation=self._safe_operation(), container=container)
         self._buffer.append(sample)
         self.ticks += 1
         self.last_duration_s = time.monotonic() - t0

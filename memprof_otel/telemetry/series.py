@@ -34,9 +34,18 @@ _PROCESS = {
     "peak_resident_memory_bytes": "memprof_process_peak_resident_memory_bytes",
     "memory_limit_bytes": "memprof_process_memory_limit_bytes",
     "children_resident_memory_bytes": "memprof_process_children_resident_memory_bytes",
+    "cpu_seconds": "memprof_process_cpu_seconds_total",
     "cpu_utilization_ratio": "memprof_process_cpu_utilization_ratio",
     "io_read_bytes": "memprof_process_io_read_bytes_total",
     "io_write_bytes": "memprof_process_io_write_bytes_total",
+}
+
+# CgroupSource.stats() key -> metric name
+_CONTAINER = {
+    "memory_usage_bytes": "memprof_container_memory_usage_bytes",
+    "memory_working_set_bytes": "memprof_container_memory_working_set_bytes",
+    "oom_kills": "memprof_container_oom_kills_total",
+    "cpu_limit_cores": "memprof_container_cpu_limit_cores",
 }
 
 
@@ -77,6 +86,9 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         for key, name in _PROCESS.items():
             if key in sample.process:
                 add(name, {}, sample.process[key])
+        for key, name in _CONTAINER.items():
+            if key in sample.container:  # no cgroup, no limit: absent, never a fake 0
+                add(name, {}, sample.container[key])
         for device, figures in sorted(sample.allocators.items()):
             for key, name in _ALLOCATOR.items():
                 if key in figures:

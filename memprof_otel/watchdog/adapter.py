@@ -16,12 +16,26 @@ from typing import Any, Callable, Iterable
 
 from .._log import rate_limited
 from ..config import WatchdogConfig, WatchdogRule
+from ..metric_names import BY_PROM
 from ..telemetry.series import Labels, Series
 from ..timeline import Sample
 from ..units import format_metric_value
 from .engine import FIRING, RESOLVED, AlertEngine, Transition
 
 log = logging.getLogger("memprof_otel.watchdog")
+
+# One unit per series: a rule's threshold goes to the family of its metric's unit, so a graph or an
+# aggregation over a family never mixes bytes with ratios (the unitless family keeps every rule
+# while its mixed use is deprecated: docs/metric-stability.md).
+_THRESHOLD_BY_UNIT = {"By": "memprof_watchdog_threshold_bytes", "s": "memprof_watchdog_threshold_seconds",
+                      "1": "memprof_watchdog_threshold_ratio"}
+
+
+def threshold_family(metric: str) -> str | None:
+    """The unit-suffixed threshold family for a rule on ``metric``; None for a metric without a
+    unit (counts, 0/1 states), whose threshold is only in ``memprof_watchdog_threshold``."""
+    d = BY_PROM.get(metric)
+    return _THRESHOLD_BY_UNIT.get(d.unit) if d is not None else None
 AlertCallback = Callable[[dict[str, Any]], None]
 
 
@@ -130,4 +144,6 @@ class Watchdog:
             out["memprof_alert_active"].append((lab, 1.0 if active[r.name] else 0.0))
             out["memprof_watchdog_alerts_total"].append((lab, float(fired.get((r.name, r.severity), 0))))
             out["memprof_watchdog_threshold"].append((lab, r.threshold))
+            if (family := threshold_family(r.metric)) is not None:
+                out.setdefault(family, []).append((lab, r.threshold))
         return out

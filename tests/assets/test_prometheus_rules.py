@@ -19,7 +19,8 @@ CONFIGS = ["prometheus.yml", "prometheus-multiworker.yml"]
 EXPECTED_ALERTS = {
     "MemprofGpuMemoryNearFull", "MemprofOutOfMemory", "MemprofAllocatorRetries",
     "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
-    "MemprofRssNearCgroupLimit", "MemprofSamplerStale", "MemprofSamplerSlow",
+    "MemprofRssNearCgroupLimit", "MemprofWorkingSetNearCgroupLimit", "MemprofContainerOomKilled",
+    "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing",
 }
 RUNBOOKS = REPO / "docs" / "runbooks.md"

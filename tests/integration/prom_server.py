@@ -90,6 +90,10 @@ class PromHandle:
             raise AssertionError(f"exemplars of {expr!r} failed: {body}")
         return list(body["data"] or [])
 
+    def metadata(self) -> dict[str, list[dict[str, Any]]]:
+        """Family name -> the type, help and unit Prometheus took from the scrapes."""
+        return dict(_get_json(f"{self.url}/api/v1/metadata")["data"])
+
     def targets(self) -> list[dict[str, Any]]:
         return list(_get_json(f"{self.url}/api/v1/targets")["data"]["activeTargets"])
 

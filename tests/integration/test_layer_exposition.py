@@ -13,11 +13,11 @@ from memprof_otel.runtime import runtime
 
 
 def _layer_lines(text: str) -> list[str]:
-    """HELP/TYPE/sample lines of the layer families, in the order written."""
+    """HELP/TYPE/UNIT/sample lines of the layer families, in the order written."""
     out = []
     for line in text.splitlines():
         parts = line.split(" ")
-        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+        if line.startswith(("# HELP ", "# TYPE ", "# UNIT ")):
             name = parts[2]
         elif line.startswith("#"):
             continue
@@ -66,4 +66,10 @@ def test_fast_layer_block_equals_prometheus_client_in_text_and_openmetrics():
         assert sorted(text.splitlines()) == sorted(reference.splitlines())
         if accept:
             assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+            # OpenMetrics names each family's unit; the ratio and summary families too
+            assert "# UNIT memprof_layer_peak_increase_bytes bytes" in ours
+            assert "# UNIT memprof_layer_fragmentation_ratio ratio" in ours
+            assert "# UNIT memprof_layer_forward_seconds seconds" in ours
+        else:
+            assert not any(line.startswith("# UNIT") for line in text.splitlines())
     assert any('layer="we\\"ird\\\\name"' in line for line in ours)

@@ -275,6 +275,33 @@ def test_operation_histograms_and_last_delta_series():
                       "shrink": float(recs["shrink"][0].delta_bytes)}
 
 
+def test_peak_increase_is_the_operations_own_need_not_the_level(otel_sdk):
+    # GIVEN 256 MiB already held before the operation starts
+    _, reader = otel_sdk
+    before = torch.ones(256 * MiB // 4)
+    wait_ticks(2)
+    # WHEN the operation holds a transient 64 MiB (across sampler ticks) and frees it
+    with mp.operation("transient") as rec:
+        transient = torch.ones(64 * MiB // 4)
+        wait_ticks(3)
+        del transient
+    # THEN its own increase is the 64 MiB (RSS and the host allocator both see it; a little noise
+    # from the process's other threads), while the peak level also counts the 256 MiB held before
+    assert 60 * MiB <= rec.peak_increase_bytes <= 64 * MiB + 16 * MiB
+    assert rec.peak_bytes >= 256 * MiB + 60 * MiB
+    f = runtime().op_stats.snapshot()["transient"]
+    assert f.peak_increase.count == 1 and f.peak_increase.sum == rec.peak_increase_bytes
+    assert f.peak.sum == rec.peak_bytes
+    # the 256 MiB bucket (64 MiB < x <= 256 MiB) has it, not the level's 1 GiB one
+    buckets = dict((le, n) for le, n, _ in f.peak_increase.cumulative())
+    assert buckets[str(64 * MiB)] == 0 and buckets[str(256 * MiB)] == 1
+    # AND the OTel histogram carries the same figure
+    (pt,) = [p for p in _metrics(reader)["memprof.operation.memory_peak_increase"].data.data_points
+             if p.attributes == {"operation": "transient"}]
+    assert pt.count == 1 and pt.sum == rec.peak_increase_bytes
+    del before
+
+
 # ---- spans -------------------------------------------------------------------------------
 
 def test_a_span_per_operation_with_memory_attributes_and_parents(otel_sdk):

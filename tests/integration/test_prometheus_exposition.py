@@ -3,6 +3,8 @@ catalog family with HELP and TYPE, bounded and vanishing series, windowed peaks,
 no device, and OpenMetrics exemplars carrying the operation's trace id."""
 from __future__ import annotations
 
+import gzip
+import http.client
 import re
 import shutil
 import subprocess
@@ -279,3 +281,56 @@ def test_openmetrics_exemplars_carry_the_operation_trace_id(tmp_path):
     assert "trace_id" not in text.text and "# {" not in text.text
     assert all("trace_id" not in s.labels for s in samples(om.text, openmetrics=True))
     srv.close()
+
+
+# ---- exposition conventions: units, gzip ----------------------------------------------------
+
+_UNIT_SUFFIXES = ("bytes", "seconds", "ratio", "cores")  # the base units our names end in
+
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text", "openmetrics"])
+def test_openmetrics_names_the_unit_of_every_family_whose_name_ends_in_one(client, openmetrics):
+    mp.instrument(Tree(), name="tree")
+    text = client.get("/metrics", headers=OPENMETRICS if openmetrics else {}).text
+    units = dict(re.findall(r"^# UNIT (\S+) (\S+)$", text, re.M))
+    if not openmetrics:
+        assert units == {}  # the text format 0.0.4 has no UNIT line
+        return
+    types = re.findall(r"^# TYPE (\S+) ", text, re.M)
+    expected = {name: name.rsplit("_", 1)[1] for name in types
+                if name.startswith("memprof_") and name.rsplit("_", 1)[1] in _UNIT_SUFFIXES}
+    assert units == expected
+    assert units["memprof_process_cpu_seconds"] == "seconds"  # a counter's family has no _total
+    assert "memprof_process_cpu_utilization_ratio" in units and "memprof_alert_active" not in units
+
+
+def _raw_get(port: int, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """GET /metrics with nothing decoded (httpx would inflate gzip on its own; the stdlib client
+    leaves Content-Encoding alone)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("accept_encoding, compressed", [
+    ("gzip", True), ("gzip, deflate, br", True), ("identity;q=1, *;q=0.5", True), ("GZip;q=0.8", True),
+    ("gzip;q=0", False), ("identity", False), ("", False), ("br", False)])
+def test_metrics_is_gzipped_when_the_scraper_takes_it(server, accept_encoding, compressed):
+    mp.instrument(Tree(), name="tree")
+    headers = {"Accept-Encoding": accept_encoding} if accept_encoding else {}
+    status, got_headers, body = _raw_get(server.port, headers)
+    assert status == 200 and "accept-encoding" in got_headers.get("vary", "").lower()
+    if compressed:
+        assert got_headers.get("content-encoding") == "gzip"
+        text = gzip.decompress(body).decode()
+        assert int(got_headers["content-length"]) == len(body) < len(text)
+    else:
+        assert "content-encoding" not in got_headers
+        text = body.decode()
+    # the same exposition either way: every catalog family, parseable
+    names = {fam.name for fam in parse_text(text)}
+    assert {d.family if d.kind == "counter" else d.prom for d in METRICS} <= names

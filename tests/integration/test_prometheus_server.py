@@ -1,5 +1,6 @@
 """A real Prometheus scrapes the endpoint of an instrumented model under traffic: every documented
-metric family that can exist on this host is stored and queryable; the GPU families are absent."""
+metric family that can exist on this host is stored and queryable; the GPU families are absent, and
+the cgroup ones present exactly where this host's cgroup (read independently) has the figure."""
 from __future__ import annotations
 
 import threading
@@ -12,6 +13,7 @@ import torch
 import memprof_otel as mp
 from memprof_otel.metric_names import METRICS, MetricDef
 from memprof_otel.sources.process import cgroup_memory_limit
+from tests import cgroup_truth
 
 from .models import Tree
 from .prom_server import free_port, running_prometheus
@@ -21,6 +23,26 @@ NEEDS_GPU = {d.prom for d in METRICS if d.prom.startswith("memprof_gpu_")}
 NEEDS_GPU.add("memprof_layer_fragmentation_ratio")  # measured per layer on CUDA only
 # Exported only when the process's cgroup sets a memory limit (docs/reference.md: "only exported when one is set").
 WHEN_LIMIT_SET = "memprof_process_memory_limit_bytes"
+# Exported only where the process has a memory cgroup / a CPU quota / a kernel that counts OOM kills.
+WHEN_MEMORY_CGROUP = {"memprof_container_memory_usage_bytes", "memprof_container_memory_working_set_bytes"}
+WHEN_CPU_QUOTA = "memprof_container_cpu_limit_cores"
+WHEN_OOM_KILL_COUNTED = "memprof_container_oom_kills_total"
+
+
+def exists_here(d: MetricDef, limit: int | None) -> bool:
+    """Whether the family can have series on this host, from independent reads of its cgroup."""
+    memory = cgroup_truth.memory_dir()
+    if d.prom in NEEDS_GPU:
+        return False
+    if d.prom == WHEN_LIMIT_SET:
+        return bool(limit)
+    if d.prom in WHEN_MEMORY_CGROUP:
+        return memory is not None
+    if d.prom == WHEN_OOM_KILL_COUNTED:
+        return memory is not None and cgroup_truth.oom_kills(*memory) is not None
+    if d.prom == WHEN_CPU_QUOTA:
+        return cgroup_truth.cpu_quota_cores() is not None
+    return True
 
 
 def promql(d: MetricDef) -> str:
@@ -59,7 +81,12 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
         "otel": {"endpoint": f"http://127.0.0.1:{free_port()}", "export_interval": "200ms",
                  "export_timeout": "200ms"},
         "watchdog": {"rules": [{"name": "rss_any", "metric": "memprof_process_resident_memory_bytes",
-                                "op": ">", "threshold": 1, "severity": "info", "actions": ["log", "dump"]}]},
+                                "op": ">", "threshold": 1, "severity": "info", "actions": ["log", "dump"]},
+                               # one rule per threshold unit, so each threshold family has a series
+                               {"name": "slow_tick", "metric": "memprof_sampler_duration_seconds",
+                                "op": ">", "threshold": 60},
+                               {"name": "fragmented", "metric": "memprof_allocator_fragmentation_ratio",
+                                "op": ">", "threshold": 0.99}]},
     })
     srv = mp.serve(port=0)
     traffic = Traffic(model)
@@ -71,7 +98,7 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
             [up] = prom.query_until('up{job="memprof"} == 1', timeout=30, what="a successful scrape")
             assert up["metric"]["instance"] == f"127.0.0.1:{srv.port}"
             # THEN every family that can exist here has series
-            expected = [d for d in METRICS if d.prom not in NEEDS_GPU and (d.prom != WHEN_LIMIT_SET or limit)]
+            expected = [d for d in METRICS if exists_here(d, limit)]
             deadline = time.monotonic() + 40
             missing = [d.prom for d in expected]
             while missing and time.monotonic() < deadline:
@@ -98,6 +125,39 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
                 assert float(prom.query(WHEN_LIMIT_SET)[0]["value"][1]) == limit
             else:
                 assert prom.query(WHEN_LIMIT_SET) == [], "no cgroup memory limit here: the family must be absent"
+
+            # AND the cgroup families absent here are absent, not 0; present ones match the files
+            for d in METRICS:
+                if d.prom.startswith("memprof_container_") and not exists_here(d, limit):
+                    assert prom.query(d.prom) == [], f"{d.prom} has no source on this host: must be absent"
+            memory = cgroup_truth.memory_dir()
+            assert prom.query(f'memprof_source_up{{source="cgroup"}} == {1 if memory else 0}')
+            if memory is not None:
+                usage = cgroup_truth.usage_bytes(*memory)
+                stored = float(prom.query("memprof_container_memory_usage_bytes")[0]["value"][1])
+                assert abs(stored - usage) < 256 * 2**20, (stored, usage)  # a scrape ago, same cgroup
+                assert prom.query("memprof_container_memory_working_set_bytes "
+                                  "<= memprof_container_memory_usage_bytes")
+            # the CPU counter rises under traffic: rate() is CPU cores in use
+            assert prom.query_until("rate(memprof_process_cpu_seconds_total[5s]) > 0", timeout=15)
+            # one unit per threshold family
+            by_family = {r["metric"]["rule"]: r["metric"]["__name__"] for r in prom.query(
+                '{__name__=~"memprof_watchdog_threshold_.+"}')}
+            assert by_family == {"rss_any": "memprof_watchdog_threshold_bytes",
+                                 "slow_tick": "memprof_watchdog_threshold_seconds",
+                                 "fragmented": "memprof_watchdog_threshold_ratio"}
+            # Prometheus scraped OpenMetrics and kept each family's unit from its # UNIT line
+            meta = prom.metadata()
+            units = {name: entries[0].get("unit", "") for name, entries in meta.items()}
+            compared = [d.prom for d in expected if d.family in units or d.prom in units]
+            for d in expected:
+                family = d.family if d.family in units else d.prom
+                if family in units:
+                    assert units[family] == d.prom_unit, (family, units[family], d.prom_unit)
+            assert len(compared) == len(expected), sorted({d.prom for d in expected} - set(compared))
+            assert units.get("memprof_container_memory_working_set_bytes") == "bytes"
+            assert units.get("memprof_layer_peak_increase_bytes") == "bytes"   # the fast layer writer
+            assert units.get("memprof_operation_duration_seconds") == "seconds"
 
             # AND the GPU families are absent (no GPU here), with NVML reported down
             for name in sorted(NEEDS_GPU):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from memprof_otel.http.guards import host_allowed, host_name, media_type, parse_cursor, parse_integer, parse_number
+from memprof_otel.http.guards import accepts_gzip, host_allowed, host_name, media_type, parse_cursor, parse_integer, parse_number
 
 
 @pytest.mark.parametrize("header,name", [
@@ -48,3 +48,11 @@ def test_cursor_round_trip_and_refusals():
 def test_media_type():
     assert media_type("Application/JSON; charset=utf-8") == "application/json"
     assert media_type("") == ""
+
+
+@pytest.mark.parametrize("header, expected", [
+    ("gzip", True), ("deflate, gzip;q=0.5", True), ("x-gzip", True), ("*", True), ("GZIP", True),
+    ("gzip;q=0", False), ("gzip;q=0.0, identity", False), ("*;q=0", False), ("identity", False), ("", False),
+    ("*, gzip;q=0", False), ("gzip;q=junk", False), ("br;q=1, gzip ; q=0.001", True)])
+def test_accepts_gzip_honours_q_values(header: str, expected: bool) -> None:
+    assert accepts_gzip(header) is expected

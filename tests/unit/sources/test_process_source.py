@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from memprof_otel.sources.base import MemorySource, Reading
@@ -66,7 +67,8 @@ def test_full_fixture_stats_have_known_values(tmp_path: Path) -> None:
     assert stats == {
         "resident_memory_bytes": 4_096_000, "virtual_memory_bytes": 10_240_000,
         "peak_resident_memory_bytes": 8000 * 1024, "memory_limit_bytes": GiB,
-        "cpu_utilization_ratio": 0.0, "io_read_bytes": 4096, "io_write_bytes": 8192,
+        "cpu_seconds": (100 + 50) / TICKS, "cpu_utilization_ratio": 0.0,
+        "io_read_bytes": 4096, "io_write_bytes": 8192,
     }  # no task/*/children files: the children figure is left out, not reported as 0
 
 
@@ -126,6 +128,38 @@ def test_cpu_utilization_is_cpu_time_over_wall_time_times_cpus(tmp_path: Path) -
     write(pid_dir / "stat", stat_line(100 + 2 * TICKS, 50))   # 2 CPU-seconds ...
     now[0] += 4.0                                             # ... in 4 s on 2 CPUs
     assert src.stats()["cpu_utilization_ratio"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("cgroup, files, capacity", [
+    pytest.param("0::/app\n", {"app/cpu.max": "100000 100000\n"}, 1.0, id="v2-quota-1-core"),
+    pytest.param("0::/app\n", {"app/cpu.max": "max 100000\n"}, 2.0, id="v2-no-quota-all-cpus"),
+    pytest.param("0::/app\n", {"app/cpu.max": "800000 100000\n"}, 2.0, id="v2-quota-above-cpus-capped"),
+    pytest.param("3:cpu,cpuacct:/c1\n", {"cpu/c1/cpu.cfs_quota_us": "50000\n",
+                                          "cpu/c1/cpu.cfs_period_us": "100000\n"}, 0.5, id="v1-half-core"),
+    pytest.param("3:cpu,cpuacct:/c1\n", {"cpu/c1/cpu.cfs_quota_us": "-1\n",
+                                          "cpu/c1/cpu.cfs_period_us": "100000\n"}, 2.0, id="v1-no-quota"),
+])
+def test_cpu_utilization_is_relative_to_the_cgroup_quota(tmp_path: Path, cgroup: str,
+                                                          files: dict[str, str], capacity: float) -> None:
+    pid_dir = make_proc(tmp_path, stat=stat_line(0, 0), cgroup=cgroup)
+    for rel, text in files.items():
+        write(tmp_path / "sys/fs/cgroup" / rel, text)
+    now = [1000.0]
+    src = fixture_source(tmp_path, clock=lambda: now[0], cpu_count=2)
+    assert src.cpu_capacity() == capacity
+    write(pid_dir / "stat", stat_line(TICKS // 2, TICKS // 2))   # 1 CPU-second (user + system) ...
+    now[0] += 4.0                                              # ... in 4 s
+    stats = src.stats()
+    assert stats["cpu_seconds"] == pytest.approx(1.0)
+    assert stats["cpu_utilization_ratio"] == pytest.approx(min(1.0, 1.0 / (4.0 * capacity)))
+
+
+def test_cpu_seconds_counter_never_goes_down(tmp_path: Path) -> None:
+    pid_dir = make_proc(tmp_path, stat=stat_line(3 * TICKS, TICKS))
+    src = fixture_source(tmp_path)
+    assert src.stats()["cpu_seconds"] == pytest.approx(4.0)
+    write(pid_dir / "stat", stat_line(TICKS, 0))  # a garbled smaller reading: the counter holds
+    assert src.stats()["cpu_seconds"] == pytest.approx(4.0)
 
 
 def test_io_counters_never_go_down(tmp_path: Path) -> None:
@@ -194,6 +228,10 @@ def test_real_stats_have_every_figure_and_sane_limits() -> None:
             "io_write_bytes"} <= stats.keys()
     assert 0.0 < stats["cpu_utilization_ratio"] <= 1.0
     assert 0 < stats.get("memory_limit_bytes", 1) < 2**60   # absent when unlimited (as here)
+    # user + system CPU time against psutil's independent read of /proc/self/stat
+    times = psutil.Process().cpu_times()
+    assert stats["cpu_seconds"] == pytest.approx(times.user + times.system, abs=0.05)
+    assert stats["cpu_seconds"] >= 0.2
     again = src.stats()
     assert again["io_read_bytes"] >= stats["io_read_bytes"]
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from memprof_otel.telemetry.sampler import Sampler, SourceSpec, check_gpus
-from memprof_otel.timeline import GpuReading
+from memprof_otel.telemetry.series import SelfView, build_series
+from memprof_otel.timeline import GpuReading, Sample
 
 INTERVAL = 0.1
 
@@ -307,3 +308,21 @@ def test_sampler_rearms_in_a_forked_child(samplers):
     n = s.ticks
     assert wait_for(lambda: s.ticks > n)
     assert s.latest().process["pid"] == parent
+
+
+def test_cgroup_figures_become_the_container_series_not_an_allocator(samplers):
+    # the cgroup source has no limit or quota here: those series are absent, not 0
+    cgroup = SourceSpec("cgroup", lambda: {"memory_usage_bytes": 3 * 2**30, "memory_working_set_bytes": 2**31,
+                                           "oom_kills": 1})
+    proc = SourceSpec("process", lambda: {"resident_memory_bytes": 1000, "cpu_seconds": 12.5})
+    s = samplers([cgroup, proc], interval_s=1.0)
+    sample = s.tick()
+    assert sample.allocators == {} and sample.container["oom_kills"] == 1
+    assert Sample.from_dict(sample.to_dict()) == sample
+    series = build_series(sample, [], SelfView(sources_up={"cgroup": True}))
+    assert series["memprof_container_memory_usage_bytes"] == [({}, 3.0 * 2**30)]
+    assert series["memprof_container_memory_working_set_bytes"] == [({}, 2.0**31)]
+    assert series["memprof_container_oom_kills_total"] == [({}, 1.0)]
+    assert series["memprof_process_cpu_seconds_total"] == [({}, 12.5)]
+    assert "memprof_container_cpu_limit_cores" not in series and "memprof_allocator_allocated_bytes" not in series
+    assert ({"source": "cgroup"}, 1.0) in series["memprof_source_up"]

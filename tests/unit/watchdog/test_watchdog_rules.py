@@ -101,3 +101,19 @@ def test_alert_log_lines_use_human_units(caplog: pytest.LogCaptureFixture):
     assert 'alert frag firing: memprof_allocator_fragmentation_ratio{device="cuda:0"} > 30.0 % (value 42.0 %)' in text
     assert f"alert rss resolved ({RSS} = 1.0 GiB)" in text
     assert "23085449216" not in text  # no raw floats
+
+
+def test_thresholds_are_exported_one_unit_per_family() -> None:
+    rules = tuple(parse_rule(r, f"r{i}") for i, r in enumerate([
+        {"name": "rss", "metric": RSS, "op": ">", "threshold": "20GiB"},
+        {"name": "slow", "metric": "memprof_sampler_duration_seconds", "op": ">", "threshold": 0.5},
+        {"name": "frag", "metric": "memprof_allocator_fragmentation_ratio", "op": ">", "threshold": 0.3},
+        {"name": "ooms", "metric": "memprof_allocator_ooms_total", "op": ">", "threshold": 0}]))
+    wd = Watchdog(WatchdogConfig(rules=rules), series=lambda: {}, span_event=lambda name, attrs: None,
+                  dump_all=lambda reason: None, count_dump=lambda fmt, result: None, callbacks=[])
+    got = {family: {lab["rule"]: v for lab, v in rows} for family, rows in wd.series().items()}
+    assert got["memprof_watchdog_threshold_bytes"] == {"rss": 20 * 2**30}
+    assert got["memprof_watchdog_threshold_seconds"] == {"slow": 0.5}
+    assert got["memprof_watchdog_threshold_ratio"] == {"frag": 0.3}
+    # the unitless family keeps every rule while its mixed use is deprecated; a count rule is only there
+    assert got["memprof_watchdog_threshold"] == {"rss": 20 * 2**30, "slow": 0.5, "frag": 0.3, "ooms": 0.0}

@@ -1,0 +1,62 @@
+"""This process's cgroup figures found the simple way, as a reference the cgroup source is checked
+against: the usual /sys/fs/cgroup layout (v1 controllers under /sys/fs/cgroup/NAME, v2 at
+/sys/fs/cgroup), the path from /proc/self/cgroup, values read with ``cat``. No mountinfo, no
+ancestors, no code of the library."""
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+
+def cat(path: Path) -> str:
+    return subprocess.run(["cat", str(path)], capture_output=True, text=True, check=True).stdout
+
+
+def _line(controller: str) -> str | None:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, controllers, path = line.split(":", 2)
+        if (controller == "" and hid == "0" and controllers == "") or controller in controllers.split(","):
+            return path
+    return None
+
+
+def memory_dir() -> tuple[Path, int] | None:
+    """(directory, cgroup version) of this process's memory cgroup, or None."""
+    v1 = _line("memory")
+    if v1 is not None and Path("/sys/fs/cgroup/memory", v1.lstrip("/"), "memory.usage_in_bytes").exists():
+        return Path("/sys/fs/cgroup/memory", v1.lstrip("/")), 1
+    v2 = _line("")
+    if v2 is not None and Path("/sys/fs/cgroup", v2.lstrip("/"), "memory.current").exists():
+        return Path("/sys/fs/cgroup", v2.lstrip("/")), 2
+    return None
+
+
+def usage_bytes(d: Path, version: int) -> int:
+    return int(cat(d / ("memory.usage_in_bytes" if version == 1 else "memory.current")))
+
+
+def inactive_file_bytes(d: Path, version: int) -> int:
+    key = "total_inactive_file" if version == 1 else "inactive_file"
+    return int(re.search(rf"^{key} (\d+)$", cat(d / "memory.stat"), re.M).group(1))
+
+
+def oom_kills(d: Path, version: int) -> int | None:
+    m = re.search(r"^oom_kill (\d+)$", cat(d / ("memory.oom_control" if version == 1 else "memory.events")), re.M)
+    return int(m.group(1)) if m else None
+
+
+def cpu_quota_cores() -> float | None:
+    """The quota of this process's own CPU cgroup (ancestors not walked: on the hosts the tests
+    run on, a quota sits on the process's own cgroup or nowhere)."""
+    v1 = _line("cpu")
+    if v1 is not None:
+        d = Path("/sys/fs/cgroup/cpu", v1.lstrip("/"))
+        if (d / "cpu.cfs_quota_us").exists():
+            quota, period = int(cat(d / "cpu.cfs_quota_us")), int(cat(d / "cpu.cfs_period_us"))
+            return quota / period if quota > 0 else None
+    v2 = _line("")
+    if v2 is not None and (f := Path("/sys/fs/cgroup", v2.lstrip("/"), "cpu.max")).exists():
+        quota, period = cat(f).split()
+        return int(quota) / int(period) if quota != "max" else None
+    return None
