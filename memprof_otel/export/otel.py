@@ -40,6 +40,7 @@ ErrorFn = Callable[[str], None]
 SCOPE = "memprof_otel"
 # the per-model metrics (a ``model`` label): what an uninstrumented model leaves for the next export
 PER_MODEL = frozenset(d.prom for d in METRICS if "model" in d.labels and d.kind in ("gauge", "counter"))
+MAX_RETIRED_MODELS = 64
 
 __all__ = ["GrpcExtraMissing", "OtelExporter", "instance_id"]
 
@@ -90,7 +91,7 @@ class OtelExporter:
         self.meter = self.meter_provider.get_meter(SCOPE, __version__)
         self.tracer = self.tracer_provider.get_tracer(SCOPE, __version__)
         self._instruments: list[Any] = []
-        self._retired: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+        self._retired: dict[str, dict[str, list[tuple[Mapping[str, str], float]]]] = {}
         self._retired_lock = threading.Lock()
         self._process = semconv.ProcessCounters()
         self._register()
@@ -135,19 +136,31 @@ class OtelExporter:
         """An uninstrumented model's last per-model figures (``series``: Prometheus name ->
         rows): each is observed once more, in the next collection (the final one at shutdown
         included), then dropped, so a short job that uninstruments before it shuts down still
-        exports its layers."""
+        exports its layers. Kept per model name (a model retired twice keeps its last figures),
+        for at most ``MAX_RETIRED_MODELS`` models: where no collection ever runs (a no-op
+        provider) they must not pile up."""
         with self._retired_lock:
             for prom, rows in series.items():
-                if prom in PER_MODEL and rows:
-                    self._retired.setdefault(prom, []).extend((dict(lab), v) for lab, v in rows)
+                if prom not in PER_MODEL or not rows:
+                    continue
+                per_model = self._retired.setdefault(prom, {})
+                fresh: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+                for lab, v in rows:
+                    fresh.setdefault(lab.get("model", ""), []).append((dict(lab), v))
+                for model, model_rows in fresh.items():
+                    per_model.pop(model, None)  # re-inserted last: the oldest go first
+                    per_model[model] = model_rows
+                while len(per_model) > MAX_RETIRED_MODELS:
+                    del per_model[next(iter(per_model))]
 
     def _take_retired(self, prom: str, live: Rows) -> list[tuple[Mapping[str, str], float]]:
         with self._retired_lock:
-            retired = self._retired.pop(prom, None)
-        if not retired:
+            per_model = self._retired.pop(prom, None)
+        if not per_model:
             return []
         seen = {tuple(sorted(lab.items())) for lab, _ in live}  # re-instrumented under the same name
-        return [(lab, v) for lab, v in retired if tuple(sorted(lab.items())) not in seen]
+        return [(lab, v) for rows in per_model.values() for lab, v in rows
+                if tuple(sorted(lab.items())) not in seen]
 
     def record_operation(self, rec: OperationRecord, label: str) -> None:
         attrs = {"operation": label}

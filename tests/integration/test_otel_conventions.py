@@ -16,6 +16,7 @@ from torch import nn
 
 import memprof_otel as mp
 from memprof_otel import __version__
+from memprof_otel.export.otel import MAX_RETIRED_MODELS
 from memprof_otel.runtime import runtime
 
 from .otlp_receiver import (OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, spans_of,
@@ -347,3 +348,19 @@ def test_an_uninstrumented_models_figures_are_collected_once_more_then_dropped(o
     finally:
         mp.shutdown(2)
         meters.shutdown()
+
+
+def test_retired_figures_are_bounded_when_no_collection_ever_runs(otel_env):
+    # a no-op meter provider never collects: models instrumented and uninstrumented in a loop
+    # must not pile up figures in the exporter
+    mp.start_monitoring({"sampler": {"interval": "50ms"}})
+    assert runtime().otel is not None and runtime().otel.endpoint is None
+    for i in range(MAX_RETIRED_MODELS + 20):
+        m = nn.Linear(4, 4)
+        h = mp.instrument(m, name=f"short-lived-{i}", attribution=ATTRIBUTION)
+        with torch.no_grad():
+            m(torch.randn(2, 4))
+        h.uninstrument()
+    retired = runtime().otel._retired["memprof_layer_peak_increase_bytes"]
+    assert len(retired) == MAX_RETIRED_MODELS
+    assert f"short-lived-{MAX_RETIRED_MODELS + 19}" in retired and "short-lived-0" not in retired
