@@ -87,6 +87,15 @@ def _duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
     return parse
 
 
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``parse``, or None for an unset value (null in YAML, "" or "none" from a variable)."""
+    def parse_optional(v: Any) -> Any:
+        if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null")):
+            return None
+        return parse(v)
+    return parse_optional
+
+
 def _size(v: Any) -> int:
     if isinstance(v, float) and not math.isfinite(v):
         raise ValueError(f"must be a finite size, got {v!r}")
@@ -369,8 +378,17 @@ class OtelConfig:
     endpoint: str | None = _f(None, _str(optional=True), "OTLP endpoint (else OTEL_EXPORTER_OTLP_ENDPOINT)")
     protocol: str | None = _f(None, _str(optional=True, choices=("http/protobuf", "grpc")),
                               "OTLP protocol (else OTEL_EXPORTER_OTLP_PROTOCOL, default http/protobuf)")
-    export_interval: float = _f(15.0, _duration(0.05, 3600.0), "metric export interval")
-    export_timeout: float = _f(5.0, _duration(0.05, 600.0), "per-export timeout")
+    # null: the standard variable decides (OTEL_METRIC_EXPORT_INTERVAL, OTEL_EXPORTER_OTLP_*TIMEOUT),
+    # else our default (export/otel_settings.py): explicit config > OTEL_* environment > default
+    export_interval: float | None = _f(None, _optional(_duration(0.05, 3600.0)),
+                                       "metric export interval (else OTEL_METRIC_EXPORT_INTERVAL, else 15s)")
+    export_timeout: float | None = _f(None, _optional(_duration(0.05, 600.0)),
+                                      "per-export timeout (else OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT, else 5s)")
+    metrics: bool | None = _f(None, _optional(_bool), "export metrics over OTLP (else off only when "
+                              "OTEL_METRICS_EXPORTER=none or OTEL_SDK_DISABLED=true)")
+    traces: bool | None = _f(None, _optional(_bool), "export spans over OTLP (else off only when "
+                             "OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true)")
+    layer_histogram: bool = _f(True, _bool, "per-layer forward-time histogram memprof.layer.forward")
 
 
 @dataclass(frozen=True)
@@ -398,7 +416,8 @@ _SECTIONS: dict[str, type] = {
 
 @dataclass(frozen=True)
 class Config:
-    service_name: str = _f("memprof-otel", _str(), "OTel service.name")
+    service_name: str | None = _f(None, _str(optional=True), "OTel service.name (else OTEL_SERVICE_NAME or "
+                                  "service.name in OTEL_RESOURCE_ATTRIBUTES, else memprof-otel)")
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     http: HttpConfig = field(default_factory=HttpConfig)

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 MEMORY_PEAK_BUCKETS: tuple[float, ...] = tuple(float(1 << (20 + 2 * i)) for i in range(9))
 DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                                        30.0, 60.0, 300.0, 1800.0)
+# per-layer forward times (OTel histogram memprof.layer.forward): half-decades, 10 us .. 1 s. Layer
+# calls run from microseconds (an activation) to a second (a whole large model), and a quantile
+# read off these buckets is within a factor ~3; 11 bounds = 12 buckets (+ sum, count) per
+# (model, layer, device), against 16 for DURATION_BUCKETS, whose 5 ms floor lumps most layers
+# into the first bucket. Finer buckets would multiply by attribution.max_layers.
+LAYER_DURATION_BUCKETS: tuple[float, ...] = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 
 
 # UCUM unit -> the Prometheus/OpenMetrics unit word a name ends with

@@ -64,6 +64,12 @@ def _cuda_devices() -> list[int]:
         return []
 
 
+def _layer_view(h: Instrumentation) -> LayerView:
+    return LayerView(model=h.name, device=h.last_device, peaks=h.exported_layer_peaks(),
+                     forward=h.layer_forward_totals(), overhead_seconds=h.overhead_seconds,
+                     events_dropped=h.events_dropped)
+
+
 def _torch_version() -> str:
     torch = sys.modules.get("torch")
     return str(getattr(torch, "__version__", "")) if torch is not None else ""
@@ -98,7 +104,7 @@ class Runtime:
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
-        self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error)
+        self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
@@ -176,6 +182,8 @@ class Runtime:
                 self.otel.shutdown(1.0)
             self.otel = OtelExporter(cfg.otel, cfg.service_name, self.series, self.count_export_error,
                                      meter_provider=meter_provider, tracer_provider=tracer_provider)
+            for err in self.otel.ignored_env:  # a bad OTEL_* value: logged once, counted, default kept
+                self._config_error("env", err)
             if self.otel.endpoint:
                 for name in ("otlp_metrics", "otlp_traces"):
                     self.export_errors.setdefault(name, 0)
@@ -291,13 +299,7 @@ class Runtime:
 
     # ---- the one data path exporters read --------------------------------------------------
     def layer_views(self) -> list[LayerView]:
-        views = []
-        for name, h in sorted(live_instrumentations().items()):
-            views.append(LayerView(
-                model=name, device=h.last_device, peaks=h.exported_layer_peaks(),
-                forward=h.layer_forward_totals(),
-                overhead_seconds=h.overhead_seconds, events_dropped=h.events_dropped))
-        return views
+        return [_layer_view(h) for _, h in sorted(live_instrumentations().items())]
 
     def sources_up(self) -> dict[str, bool]:
         up = {name: False for name in registry.down_reasons()}

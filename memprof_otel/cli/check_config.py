@@ -32,7 +32,7 @@ def summary_lines(cfg: Config) -> list[str]:
     rules = ", ".join(f"{r.name} ({r.metric} {r.op} {_threshold(r.metric, r.threshold)})"
                       for r in cfg.watchdog.rules)
     return [
-        f"  service_name   {cfg.service_name}",
+        f"  service_name   {cfg.service_name or 'from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, else memprof-otel'}",
         f"  sampler        every {cfg.sampler.interval:g} s, {cfg.sampler.buffer_size} samples kept",
         f"  attribution    {'on' if cfg.attribution.enabled else 'off'}, overhead budget "
         f"{cfg.attribution.overhead_budget:.2%}, window {cfg.attribution.window:g} s",

@@ -91,3 +91,6 @@ class OomRecorder:
 
     def capture_done(self, h: ObservedModel, cap: Any) -> None:
         return None
+
+    def uninstrumented(self, h: ObservedModel) -> None:
+        return None

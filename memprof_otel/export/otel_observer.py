@@ -1,7 +1,8 @@
 """The forward observer that feeds OpenTelemetry: the layer-forward histogram from attributed
 forwards, and per-layer spans from a completed deep capture.
 
-Registered on every handle by the composition root. The exporter is looked up per event (a
+Registered on every handle by the composition root; an uninstrumented handle's last per-layer
+figures go to the exporter, for its next (or final) export. The exporter is looked up per event (a
 restart may replace it, or turn OpenTelemetry off). Nothing here raises into a forward: a failure
 to build the spans is counted in ``memprof_export_errors_total{exporter="capture_spans"}``.
 """
@@ -15,14 +16,19 @@ from opentelemetry import trace as otel_trace
 
 from .._log import rate_limited
 from ..dumps.speedscope import balanced_calls
+from ..telemetry.series import LayerView, SelfView, build_series
 from .otel import OtelExporter
 
 
 class OtelForwardObserver:
+    """``layer_view(h)``: the handle's figures as the series read them (the composition root's)."""
+
     def __init__(self, exporter: Callable[[], OtelExporter | None],
-                 count_export_error: Callable[[str], None]) -> None:
+                 count_export_error: Callable[[str], None],
+                 layer_view: Callable[[Any], LayerView] | None = None) -> None:
         self._exporter = exporter
         self._count_error = count_export_error
+        self._layer_view = layer_view
 
     def forward_begin(self, h: Any, state: Any) -> None:
         return None
@@ -33,6 +39,17 @@ class OtelForwardObserver:
         otel = self._exporter()
         if otel is not None:
             otel.record_layer_calls(h.name, h.last_device, state.calls)
+
+    def uninstrumented(self, h: Any) -> None:
+        """Hand the model's final per-layer figures to the next export (the final one included)."""
+        otel = self._exporter()
+        if otel is None or self._layer_view is None:
+            return
+        try:
+            otel.retire(build_series(None, [self._layer_view(h)], SelfView()))
+        except Exception as e:
+            self._count_error("otel_retire")
+            rate_limited.warning("otel-retire", "memprof_otel: final layer figures of %r not kept: %r", h.name, e)
 
     def capture_done(self, h: Any, cap: Any) -> None:
         otel = self._exporter()

@@ -2,7 +2,9 @@
 speed, shutdown stays bounded, and a process exits promptly after its work."""
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -18,7 +20,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .otlp_receiver import OtlpReceiver
+from .otlp_receiver import OtlpGrpcReceiver, OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 WARMUP, ITERS = 30, 300
@@ -179,3 +181,64 @@ def test_process_exits_promptly_with_a_bad_collector(collector, slow_receiver):
     assert int(line.split()[1]) > 0
     assert proc.returncode == 0, stderr[-2000:]
     assert exit_after < 10.0, f"exit took {exit_after:.1f} s after the work ended"
+
+
+def _lines(caplog, exporter: str, what: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("memprof_otel") and f"{exporter} export to" in r.getMessage()
+            and what in r.getMessage()]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery_once(otel_env, caplog,
+                                                                                       protocol):
+    # GIVEN a collector that is down, metrics exported every 100 ms and a 1 s report period
+    caplog.set_level(logging.INFO)
+    url = closed_port_url()
+    rt = runtime()
+    before = rt.export_errors.get("otlp_metrics", 0)
+    mp.start_monitoring({"sampler": {"interval": "50ms"},
+                         "otel": {"endpoint": url, "protocol": protocol, "export_interval": "100ms",
+                                  "export_timeout": "300ms"}})
+    rt.otel.failures.report.period_s = 1.0
+    # WHEN it stays down for a few seconds
+    t0 = time.monotonic()
+    deadline = t0 + 15
+    while time.monotonic() < deadline and (rt.export_errors["otlp_metrics"] - before < 8
+                                           or time.monotonic() - t0 < 3.5):
+        time.sleep(0.05)
+    failed = rt.export_errors["otlp_metrics"] - before
+    elapsed = time.monotonic() - t0
+    # THEN the SDK's per-export errors are not written, ours are: one line at the first failure ...
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")], \
+        [r.getMessage() for r in caplog.records if r.name.startswith("opentelemetry.exporter")][:3]
+    assert failed >= 8
+    assert len(_lines(caplog, "otlp_metrics", "failed (")) == 1
+    # ... then at most one per period, each with the count of failures since the previous line
+    still = _lines(caplog, "otlp_metrics", "still failing")
+    assert 1 <= len(still) <= elapsed / 1.0 + 1
+    counts = [int(re.search(r"still failing: (\d+) failed exports", s).group(1)) for s in still]
+    assert 1 + sum(counts) <= rt.export_errors["otlp_metrics"] - before
+
+    # WHEN the collector comes back on that port
+    port = int(url.rsplit(":", 1)[1])
+    back = OtlpReceiver(port=port) if protocol == "http/protobuf" else OtlpGrpcReceiver(port=port)
+    try:
+        # THEN one line says so (gRPC reconnects with its own backoff: allow it some seconds)
+        assert wait_until(lambda: _lines(caplog, "otlp_metrics", "recovered after"), 30)
+        time.sleep(0.5)
+        assert len(_lines(caplog, "otlp_metrics", "recovered after")) == 1
+        assert back.got("/v1/metrics")
+    finally:
+        mp.shutdown(3)
+        back.close()
+
+
+def wait_until(pred, timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return bool(pred())

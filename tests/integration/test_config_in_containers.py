@@ -135,7 +135,7 @@ def test_an_unreadable_config_file_from_the_environment_is_left_out(tmp_path: Pa
     r = _run(_SERVE_AND_SCRAPE, {"MEMPROF_OTEL_CONFIG": str(tmp_path / "nope.yaml")})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["service"] == "memprof-otel"
+    assert out["service"] is None  # the default: unset (OTEL_SERVICE_NAME decides, else memprof-otel)
     assert 'memprof_config_errors_total{source="file"} 1.0' in out["config_errors"]
     assert r.stderr.count("MEMPROF_OTEL_CONFIG") == 1, r.stderr
 

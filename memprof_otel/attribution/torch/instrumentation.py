@@ -226,6 +226,11 @@ class Instrumentation:
         self._closed = True
         self._detach()
         self._release_open_forwards()
+        for obs in self._observers:
+            try:
+                obs.uninstrumented(self)
+            except Exception as e:
+                self._count_error("observer", e)
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]

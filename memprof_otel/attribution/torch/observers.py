@@ -19,3 +19,7 @@ class ForwardObserver(Protocol):
 
     def capture_done(self, h: Any, cap: Any) -> None:
         """A deep capture of ``h`` completed all its forwards (not called when cancelled)."""
+
+    def uninstrumented(self, h: Any) -> None:
+        """``h`` was just uninstrumented: its figures are final (the OTel recorder hands them to
+        the next export, so a job that uninstruments before shutting down still exports them)."""
