@@ -17,7 +17,8 @@ from memprof_otel.errors import SourceUnavailable
 from memprof_otel.sources import cuda_stats
 from memprof_otel.sources.base import Reading
 
-__all__ = ["CudaAllocatorSource", "ResetPeakFn", "StatsFn", "available_devices"]
+__all__ = ["CudaAllocatorSource", "ResetPeakFn", "StatsFn", "available_devices",
+           "device_uuids"]
 
 StatsFn = Callable[[int], Mapping[str, Any]]
 ResetPeakFn = Callable[[int], None]
@@ -52,6 +53,23 @@ def available_devices() -> list[int]:
         return list(range(torch.cuda.device_count()))
     except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
         return []
+
+
+def device_uuids() -> dict[int, str]:
+    """CUDA index -> the device's UUID as torch reports it (``get_device_properties(i).uuid``: the
+    hex form without NVML's ``GPU-``/``MIG-`` prefix), in this process's numbering (after
+    ``CUDA_VISIBLE_DEVICES``). Empty until torch has initialised CUDA: asking earlier would create
+    the CUDA runtime state ourselves. Never raises."""
+    if _unavailable_reason() is not None:
+        return {}
+    try:
+        import torch  # why: CUDA is asked about only on demand; never initialise it at import
+
+        if not torch.cuda.is_initialized():
+            return {}
+        return {i: str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())}
+    except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
+        return {}
 
 
 def _raw_fns(torch: Any) -> tuple[StatsFn, ResetPeakFn]:
@@ -183,3 +201,4 @@ class CudaAllocatorSource:
         reserved_peak = cuda_stats.stat(nested, "reserved_bytes", "all", "peak")
         self._lifetime_peak = max(self._lifetime_peak, peak)
         self._lifetime_reserved_peak = max(self._lifetime_reserved_peak, reserved_peak)
+
