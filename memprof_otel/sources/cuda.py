@@ -17,7 +17,7 @@ from memprof_otel.errors import SourceUnavailable
 from memprof_otel.sources import cuda_stats
 from memprof_otel.sources.base import Reading
 
-__all__ = ["CudaAllocatorSource", "ResetPeakFn", "StatsFn", "available_devices",
+__all__ = ["CudaAllocatorSource", "CudaPeakWatch", "ResetPeakFn", "StatsFn", "available_devices",
            "device_uuids"]
 
 StatsFn = Callable[[int], Mapping[str, Any]]
@@ -202,3 +202,29 @@ class CudaAllocatorSource:
         self._lifetime_peak = max(self._lifetime_peak, peak)
         self._lifetime_reserved_peak = max(self._lifetime_reserved_peak, reserved_peak)
 
+
+class CudaPeakWatch:
+    """A per-layer hot counter over one device that never resets torch's peak register (mode
+    ``cuda.reset_peak_stats: false``), for forwards the tensor ledger cannot see into (compiled
+    code allocates outside the dispatcher).
+
+    The register only rises between resets, so a rise since the previous read is exactly the peak
+    since then. Without a rise the peak in between is not known (it stayed below an older peak):
+    the current level is reported, a lower bound. A reset by the host application (the register
+    drops) is taken as "no rise" until the register passes its new mark.
+    """
+
+    def __init__(self, source: CudaAllocatorSource) -> None:
+        self.source = source
+        self._mark: int | None = None
+
+    def reset_peak(self) -> None:
+        """Only remembers the register: torch's own peak is left alone."""
+        self._mark = self.source.reading().peak
+
+    def read_and_reset(self) -> Reading:
+        r = self.source.reading()
+        register = r.peak
+        rose = self._mark is not None and register > self._mark
+        self._mark = register
+        return r._replace(peak=register if rose else r.allocated, reserved_peak=r.reserved)
