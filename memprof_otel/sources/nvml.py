@@ -10,12 +10,9 @@ Choices, in short:
 - This process's share sums the compute (and graphics) process lists for our pid. A process with
   both kinds of context is listed twice with the same figure, so entries are counted once per
   (GPU instance, compute instance). ``None`` ("unknown") when NVML cannot say: an unsupported
-  query, WDDM's "not available", or NVML cannot see our PID at all. The last is the normal case
-  in a container: NVML lists host PIDs, ours is a PID of the container's namespace
-  (``pid_namespace.py``); and, wherever the namespace check cannot tell, when torch holds CUDA
-  memory (so we have a context) yet no GPU lists us, on two samples in a row. Either way the
-  figure stays unknown for the life of the process and ``on_process_unknown`` hears the reason
-  once; 0 only when the lists work, can see us, and we are not on that GPU.
+  query, WDDM's "not available", or NVML cannot see our PID at all: the normal case in a
+  container (``process_visibility.py`` decides). ``on_process_unknown`` hears each reason once;
+  0 only when the lists work, can see us, and we are not on that GPU.
 - A GPU in MIG mode also reports its MIG devices (``nvml_mig.py``), each with its own memory;
   there the per-process lists are read per MIG device (the parent's aggregate list needs
   privileges a container does not have).
@@ -39,7 +36,7 @@ from typing import Any, Callable
 from memprof_otel._log import logger
 from memprof_otel.errors import MemprofError, SourceUnavailable
 from memprof_otel.sources.nvml_mig import code as _code, mig_devices, mig_enabled, text as _text
-from memprof_otel.sources.pid_namespace import nvml_pid_blind_reason
+from memprof_otel.sources.process_visibility import ProcessVisibility, nvml_pid_blind_reason
 from memprof_otel.timeline import GpuReading, MigReading
 
 __all__ = ["NvmlReadError", "NvmlSource", "NvmlUnavailable"]
@@ -117,13 +114,8 @@ class NvmlSource:
         self._nvml = nvml
         self._pid = pid
         self._holds_cuda_memory = holds_cuda_memory
-        self._pid_namespace = pid_namespace if pid_namespace is not None else (
-            nvml_pid_blind_reason if pid is None else None)
-        self._on_process_unknown = on_process_unknown
-        self._namespace_checked = False
-        self._unseen_ticks = 0       # samples in a row where torch held memory and no GPU listed us
-        self._told: set[str] = set()  # reasons already passed to on_process_unknown
-        self.process_unknown: str | None = None
+        self._visibility = ProcessVisibility(pid_namespace if pid_namespace is not None else (
+            nvml_pid_blind_reason if pid is None else None), on_process_unknown)
         self._no_mig: set[int] = set()  # devices (by index) whose GPU or driver has no MIG at all
         self._lock = threading.Lock()
         self._devices: dict[int, _Device] = {}
@@ -143,6 +135,11 @@ class NvmlSource:
     def __repr__(self) -> str:
         return f"NvmlSource(devices={self._count}, driver={self._driver!r})"
 
+    @property
+    def process_unknown(self) -> str | None:
+        """Why NVML cannot see this process (None while it can)."""
+        return self._visibility.reason
+
     # -- public ---------------------------------------------------------------------------------
     def readings(self) -> tuple[GpuReading, ...]:
         """One reading per device that answered. Raises ``NvmlReadError`` if none did (with at
@@ -150,7 +147,7 @@ class NvmlSource:
         with self._lock:
             self._ensure_initialised()
             pid = self._pid if self._pid is not None else _getpid()
-            self._check_namespace(pid)
+            self._visibility.check_namespace(pid)
             # asked before the lists are read: memory held then means a context listed by then
             holds = (self.process_unknown is None and self._holds_cuda_memory is not None
                      and self._holds_cuda_memory())
@@ -174,7 +171,7 @@ class NvmlSource:
             if self._count and not out:
                 raise NvmlReadError(f"NVML: all {self._count} device(s) failed: "
                                     + "; ".join(errs)) from last
-            self._judge_unseen(holds, listed, pid)
+            self._visibility.judge(holds, listed, pid)
             if self.process_unknown is not None:
                 out = [replace(r, process_used_bytes=None) for r in out]
             return tuple(out)
@@ -268,41 +265,6 @@ class NvmlSource:
             self._devices[index] = dev
         return dev
 
-    def _check_namespace(self, pid: int) -> None:
-        if self._namespace_checked or self._pid_namespace is None:
-            return
-        self._namespace_checked = True
-        reason = self._pid_namespace(pid)
-        if reason is not None:
-            self._process_unknown(reason)
-
-    def _judge_unseen(self, holds: bool, listed: list[bool], pid: int) -> None:
-        """Torch holds CUDA memory, so this process has a context on some GPU; if every GPU whose
-        lists answered leaves us out, on two samples in a row, NVML cannot see our PID."""
-        if self.process_unknown is not None:
-            return
-        if holds and listed and not any(listed):
-            self._unseen_ticks += 1
-        else:
-            self._unseen_ticks = 0
-        if self._unseen_ticks >= 2:
-            self._process_unknown(
-                f"torch holds CUDA memory but NVML lists this process (PID {pid}) on none of its "
-                f"{len(listed)} GPU(s): NVML sees PIDs of another PID namespace (a container)")
-
-    def _process_unknown(self, reason: str) -> None:
-        self.process_unknown = reason
-        self._tell(reason)
-
-    def _tell(self, reason: str) -> None:
-        if reason in self._told or self._on_process_unknown is None:
-            return
-        self._told.add(reason)
-        try:
-            self._on_process_unknown(reason)
-        except Exception as e:  # noqa: BLE001 - a listener must not cost the readings
-            logger.debug("memprof_otel: on_process_unknown failed: %s", _describe(e))
-
     def _read(self, index: int, pid: int, errs: list[str]) -> tuple[GpuReading, bool | None]:
         """The device's reading, and whether our pid is on its process lists (None: no lists)."""
         dev = self._device(index)
@@ -332,7 +294,7 @@ class NvmlSource:
             seen, process_used = None, None
             why = f"NVML's process lists failed: {_describe(e)}"
         if seen is None and self.process_unknown is None:
-            self._tell(f"gpu {index}: {why}")
+            self._visibility.tell(f"gpu {index}: {why}")
         reading = GpuReading(index=index, uuid=dev.uuid, model=dev.model, driver_version=self._driver,
                              used_bytes=used, total_bytes=total, process_used_bytes=process_used,
                              migs=tuple(mig_readings))

@@ -13,7 +13,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.sources import registry
 from memprof_otel.sources.nvml import NvmlSource
-from memprof_otel.sources.pid_namespace import nvml_pid_blind_reason
+from memprof_otel.sources.process_visibility import nvml_pid_blind_reason
 from memprof_otel.telemetry.gpu_identity import identify, normalize_uuid
 from memprof_otel.telemetry.series import SelfView, build_series
 from memprof_otel.timeline import Sample

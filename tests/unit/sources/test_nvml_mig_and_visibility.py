@@ -10,7 +10,7 @@ import pytest
 from memprof_otel.sources import nvml as nvml_mod
 from memprof_otel.sources import registry
 from memprof_otel.sources.nvml import NvmlSource
-from memprof_otel.sources.pid_namespace import HOST_PID_NAMESPACE, nvml_pid_blind_reason
+from memprof_otel.sources.process_visibility import HOST_PID_NAMESPACE, nvml_pid_blind_reason
 from memprof_otel.timeline import MigReading
 from tests.doubles.nvml_double import GIB, ScriptedGpu, ScriptedMig, ScriptedNvmlDouble
 
