@@ -118,6 +118,21 @@ def test_mig_devices_and_the_device_mapping_are_exported(gpu_pod) -> None:
                               "UUID": f"GPU-{HEX_A100}", "mig_uuid": f"MIG-{HEX_MIG}", "GPU_I_ID": "3"}
 
 
+def test_monitor_shows_torchs_stand_in_and_the_mig_device(gpu_pod) -> None:
+    import os
+    import subprocess
+    import sys
+
+    srv, _ = gpu_pod
+    wait_until(lambda: pick(scrape(srv.url), "memprof_cuda_device_info"), what="the identity series")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    proc = subprocess.run([sys.executable, "-m", "memprof_otel.cli", "monitor", "--url", srv.url, "--once"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "this process n/a (torch reserves 20.0 MiB: no CUDA context, no other libraries)" in proc.stdout
+    assert f"  MIG 3   used 5.0 GiB of 20.0 GiB   MIG-{HEX_MIG}" in proc.stdout
+
+
 # ---- the documented joins, evaluated by a real Prometheus ------------------------------------
 
 # dcgm-exporter's exposition for the node (format of its default counters file): `gpu` is the
