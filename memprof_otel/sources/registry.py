@@ -65,13 +65,13 @@ def nvml() -> NvmlSource | None:
 def holds_cuda_memory() -> bool:
     """Does torch's caching allocator of this process hold memory on any CUDA device? (Evidence
     that the process has a CUDA context.) Never initialises CUDA; never raises."""
-    try:
-        for i in available_devices():
+    for i in available_devices():
+        try:
             src = cuda_allocator(i)
             if src is not None and src.reserved() > 0:
                 return True
-    except Exception:  # noqa: BLE001 - a failing read is "no evidence", not an error
-        return False
+        except Exception:  # noqa: BLE001 - a failing read is "no evidence" from that device
+            continue
     return False
 
 

@@ -236,3 +236,25 @@ def test_info_command_lists_mig_devices(monkeypatch: pytest.MonkeyPatch) -> None
     assert f"      MIG {MIG_A} (GPU instance 1), 20.0 GiB" in text
     assert f"      MIG {MIG_B} (GPU instance 5), 10.0 GiB" in text
     assert MIG_HIDDEN not in text
+
+
+def test_holds_cuda_memory_is_torchs_reserved_bytes_on_any_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memprof_otel.sources.cuda import CudaAllocatorSource
+    from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
+
+    devs = {i: ScriptedCudaAllocatorDouble(i) for i in (0, 1)}
+    srcs = {i: CudaAllocatorSource(i, stats_fn=d.memory_stats_nested, reset_peak_fn=d.reset_peak)
+            for i, d in devs.items()}
+    monkeypatch.setattr(registry, "available_devices", lambda: [0, 1])
+    monkeypatch.setattr(registry, "cuda_allocator", lambda i: srcs[i])
+    assert registry.holds_cuda_memory() is False  # no segment yet: no evidence of a context
+    h = devs[1].malloc(1 * MIB)
+    devs[1].free(h)  # freed, but the segment stays cached: the context is certainly there
+    assert registry.holds_cuda_memory() is True
+
+    def broken(index: int) -> dict:
+        raise RuntimeError("driver went away")
+    srcs[0]._stats_fn = broken  # type: ignore[assignment]
+    assert registry.holds_cuda_memory() is True  # device 0 failing hides nothing of device 1
+    srcs[1]._stats_fn = broken  # type: ignore[assignment]
+    assert registry.holds_cuda_memory() is False  # failing reads are no evidence, never an error
