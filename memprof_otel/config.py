@@ -408,9 +408,16 @@ class DumpsConfig:
                                        "CUDA allocator-history entries a capture records (0 = off)")
 
 
+@dataclass(frozen=True)
+class CudaConfig:
+    reset_peak_stats: bool = _f(True, _bool, "per-layer CUDA peaks from torch's peak register, reset at "
+                                "every layer boundary (false: never reset it; peaks from our own ledger)")
+
+
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
     "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
+    "cuda": CudaConfig,
 }
 
 
@@ -425,6 +432,7 @@ class Config:
     otel: OtelConfig = field(default_factory=OtelConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     dumps: DumpsConfig = field(default_factory=DumpsConfig)
+    cuda: CudaConfig = field(default_factory=CudaConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form; the token is masked."""

@@ -51,6 +51,7 @@ class MetricDef:
 _L = ("model", "layer", "device")
 _D = ("device",)
 _G = ("gpu", "gpu_uuid")
+_M = ("gpu", "gpu_uuid", "mig_uuid", "gpu_instance_id", "compute_instance_id")
 _R = ("rule", "severity")
 
 METRICS: tuple[MetricDef, ...] = (
@@ -93,7 +94,18 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_gpu_memory_total_bytes", "memprof.gpu.memory.total", "By", "gauge",
               "Device memory total, from NVML", _G),
     MetricDef("memprof_gpu_process_memory_used_bytes", "memprof.gpu.process.memory.used", "By", "gauge",
-              "Device memory used by this process, from NVML", _G),
+              "Device memory used by this process, from NVML; absent where NVML cannot see this "
+              "process (a container's PID namespace; memprof_source_up of source nvml_process is 0)", _G),
+    MetricDef("memprof_gpu_process_torch_reserved_bytes", "memprof.gpu.process.torch_reserved", "By", "gauge",
+              "Bytes torch's CUDA caching allocator of this process reserves on this GPU: a lower bound "
+              "of the process's GPU memory (no CUDA context, no other libraries' memory)", _G),
+    MetricDef("memprof_gpu_mig_memory_used_bytes", "memprof.gpu.mig.memory.used", "By", "gauge",
+              "Memory in use on one MIG device (all processes on it), from NVML", _M),
+    MetricDef("memprof_gpu_mig_memory_total_bytes", "memprof.gpu.mig.memory.total", "By", "gauge",
+              "Memory of one MIG device, from NVML", _M),
+    MetricDef("memprof_cuda_device_info", "memprof.cuda_device_info", "", "info",
+              "Which GPU torch's CUDA device is: our GPU labels and dcgm-exporter's (UUID, GPU_I_ID)",
+              ("device", "gpu", "gpu_uuid", "UUID", "mig_uuid", "GPU_I_ID")),
     MetricDef("memprof_gpu_info", "memprof.gpu_info", "", "info",
               "GPU identity", ("gpu", "gpu_uuid", "gpu_model", "driver_version")),
     # process

@@ -305,6 +305,8 @@ class Runtime:
         up = {name: False for name in registry.down_reasons()}
         if self.sampler is not None:
             up.update(self.sampler.up)
+        if up.get("nvml") and "nvml_process" not in up:  # NVML answers and can see this process
+            up["nvml_process"] = True
         return up
 
     def self_view(self) -> SelfView:
@@ -328,7 +330,11 @@ class Runtime:
         if cached is not None and now - cached[0] < max_age_s and per_layer:
             return cached[1]
         latest = self.sampler.latest() if self.sampler is not None else None
-        out = build_series(latest, self.layer_views() if views is None else views, self.self_view(), per_layer)
+        me = self.self_view()
+        if latest is not None and any(d.startswith("cuda:") for d in latest.allocators):
+            # UUIDs are read once torch has initialised CUDA (never earlier), then cached
+            me.cuda_uuids = registry.cuda_uuids()
+        out = build_series(latest, self.layer_views() if views is None else views, me, per_layer)
         if self.watchdog is not None:
             for name, rows in self.watchdog.series().items():
                 out.setdefault(name, []).extend(rows)

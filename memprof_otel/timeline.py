@@ -11,6 +11,27 @@ from typing import Any, Iterable, Mapping, Sequence
 
 
 @dataclass(frozen=True)
+class MigReading:
+    """One MIG device (a GPU instance with its compute instance) of a GPU in MIG mode."""
+    uuid: str                 # "MIG-..." (what CUDA_VISIBLE_DEVICES and dcgm-exporter name)
+    gpu_instance_id: int      # dcgm-exporter's GPU_I_ID
+    compute_instance_id: int
+    used_bytes: int
+    total_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mig_uuid": self.uuid, "gpu_instance_id": self.gpu_instance_id,
+                "compute_instance_id": self.compute_instance_id, "used_bytes": self.used_bytes,
+                "total_bytes": self.total_bytes}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MigReading":
+        return cls(str(d.get("mig_uuid", "")), int(d.get("gpu_instance_id", 0)),
+                   int(d.get("compute_instance_id", 0)), int(d.get("used_bytes", 0)),
+                   int(d.get("total_bytes", 0)))
+
+
+@dataclass(frozen=True)
 class GpuReading:
     """One GPU as NVML sees it (device-wide figures plus this process's share)."""
     index: int
@@ -20,11 +41,15 @@ class GpuReading:
     used_bytes: int
     total_bytes: int
     process_used_bytes: int | None  # None when NVML cannot tell per-process usage
+    migs: tuple[MigReading, ...] = ()  # the MIG devices NVML shows us, when the GPU is in MIG mode
 
     def to_dict(self) -> dict[str, Any]:
-        return {"gpu": self.index, "gpu_uuid": self.uuid, "gpu_model": self.model,
-                "driver_version": self.driver_version, "used_bytes": self.used_bytes,
-                "total_bytes": self.total_bytes, "process_used_bytes": self.process_used_bytes}
+        out = {"gpu": self.index, "gpu_uuid": self.uuid, "gpu_model": self.model,
+               "driver_version": self.driver_version, "used_bytes": self.used_bytes,
+               "total_bytes": self.total_bytes, "process_used_bytes": self.process_used_bytes}
+        if self.migs:
+            out["migs"] = [m.to_dict() for m in self.migs]
+        return out
 
 
 @dataclass(frozen=True)
@@ -54,7 +79,8 @@ class Sample:
         gpus = tuple(GpuReading(int(g["gpu"]), str(g.get("gpu_uuid", "")), str(g.get("gpu_model", "")),
                                 str(g.get("driver_version", "")), int(g.get("used_bytes", 0)),
                                 int(g.get("total_bytes", 0)),
-                                None if g.get("process_used_bytes") is None else int(g["process_used_bytes"]))
+                                None if g.get("process_used_bytes") is None else int(g["process_used_bytes"]),
+                                tuple(MigReading.from_dict(m) for m in g.get("migs") or ()))
                      for g in d.get("gpus") or ())
         return cls(t=float(d["t"]), process={str(k): float(v) for k, v in (d.get("process") or {}).items()},
                    allocators={str(dev): {str(k): float(v) for k, v in figs.items()}

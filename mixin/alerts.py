@@ -45,6 +45,7 @@ class Ctx:
 NOT_CPU, CUDA = 'device!="cpu"', 'device=~"cuda:.*"'
 NOT_NVML, NVML = 'source!="nvml"', 'source="nvml"'
 OTLP = 'exporter=~"otlp_.*"'
+WHOLE_GPU, MIG_SLICE = 'mig_uuid=""', 'mig_uuid!=""'
 
 AlertFn = Callable[[Ctx], Rule]
 ALERTS: dict[str, AlertFn] = {}
@@ -161,7 +162,13 @@ def memory_full_in_1h(c: Ctx) -> Rule:
         "or\n"
         f"predict_linear({c.m('memprof_allocator_reserved_bytes', CUDA)}[30m], 3600)\n"
         "  > on(instance, job, device)\n"
-        f"    label_replace({c.m('memprof_gpu_memory_total_bytes')}, \"device\", \"cuda:$1\", \"gpu\", \"(.+)\")",
+        "    (\n"
+        f"      {c.m('memprof_cuda_device_info', WHOLE_GPU)}\n"
+        f"        * on(instance, job, gpu_uuid) group_left() {c.m('memprof_gpu_memory_total_bytes')}\n"
+        "      or\n"
+        f"      {c.m('memprof_cuda_device_info', MIG_SLICE)}\n"
+        f"        * on(instance, job, mig_uuid) group_left() {c.m('memprof_gpu_mig_memory_total_bytes')}\n"
+        "    )",
         "{{ if $labels.device }}{{ $labels.device }} allocator{{ else }}Process memory{{ end }} of "
         "{{ $labels.instance }} is on course to hit its limit within an hour",
         "At the rate of the last 30 minutes, {{ if $labels.device }}the memory reserved by the "
@@ -169,10 +176,10 @@ def memory_full_in_1h(c: Ctx) -> Rule:
         "will exceed the cgroup memory limit{{ end }} within an hour (projected "
         "{{ $value | humanize1024 }}B).",
         comment="Projects the last 30 minutes an hour ahead: RSS against the cgroup limit, and what CUDA's\n"
-                "caching allocator reserves against the GPU's total memory. The GPU side matches torch's\n"
-                "`cuda:N` to NVML's `gpu=\"N\"`, which holds when both see the same devices in the same order\n"
-                "(one GPU per container, or CUDA_DEVICE_ORDER=PCI_BUS_ID without CUDA_VISIBLE_DEVICES\n"
-                "reordering). The value is the projected size in bytes.")
+                "caching allocator reserves against the memory of the GPU it is on. torch's `cuda:N` is\n"
+                "found by UUID through memprof_cuda_device_info, never by index: torch numbers the devices\n"
+                "CUDA_VISIBLE_DEVICES leaves, in its order, NVML numbers all it sees in PCI order. On a MIG\n"
+                "device the limit is the MIG device's own memory. The value is the projected size in bytes.")
 
 
 @alert("MemprofWorkingSetNearCgroupLimit")

@@ -275,18 +275,33 @@ def dashboard(q: Matchers, uid: str, title: str, description: str, sections: lis
 def overview(q: Matchers) -> dict[str, Any]:
     process: Section = ("Process", [
         (timeseries("Process resident memory",
-                    "Resident set size of each instrumented process, and its peak (VmHWM).",
+                    "Resident set size of each instrumented process, its peak (VmHWM), and the "
+                    "working set of its container (cgroup usage minus inactive file pages: every "
+                    "process of the container and unreclaimable page cache; absent outside a "
+                    "readable memory cgroup).",
                     [target(f"memprof_process_resident_memory_bytes{{{q.base}}}", "{{instance}} RSS"),
-                     target(f"memprof_process_peak_resident_memory_bytes{{{q.base}}}", "{{instance}} peak RSS")],
+                     target(f"memprof_process_peak_resident_memory_bytes{{{q.base}}}", "{{instance}} peak RSS"),
+                     target(f"memprof_container_memory_working_set_bytes{{{q.base}}}",
+                            "{{instance}} container working set")],
                     "bytes"), 12, 8),
-        (timeseries("RSS / cgroup memory limit",
-                    "Resident memory as a share of the cgroup memory limit; the kernel OOM-kills "
-                    "the container at 100%. Empty when the process runs without a memory limit.",
-                    [target(f"memprof_process_resident_memory_bytes{{{q.base}}} / on(instance, job) "
-                            f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}}")],
+        (timeseries("Memory / cgroup memory limit",
+                    "The container's working set (what the kernel OOM-kills on; "
+                    "MemprofWorkingSetNearCgroupLimit fires above 90%) and this process's RSS, as "
+                    "shares of the cgroup memory limit. Empty when the process runs without a "
+                    "memory limit.",
+                    [target(f"memprof_container_memory_working_set_bytes{{{q.base}}} / on(instance, job) "
+                            f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}} working set"),
+                     target(f"memprof_process_resident_memory_bytes{{{q.base}}} / on(instance, job) "
+                            f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}} RSS")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 8, 8),
         (stat("cgroup memory limit", "The cgroup memory limit the process runs under.",
               [target(f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}}")], "bytes"), 4, 8),
+        (timeseries("Process CPU",
+                    "CPU time per second used by the process (user + system; 100% = one core), "
+                    "and the container's CPU quota in cores where one is set (the dashed line).",
+                    [target(f"rate(memprof_process_cpu_seconds_total{{{q.base}}}[1m])", "{{instance}} used"),
+                     target(f"memprof_container_cpu_limit_cores{{{q.base}}}", "{{instance}} quota")],
+                    "percentunit", overrides=[dashed_red("B")]), 12, 8),
     ])
     allocator: Section = ("Allocator", [
         (timeseries("Allocator allocated / reserved",
@@ -316,8 +331,11 @@ def overview(q: Matchers) -> dict[str, Any]:
                             "{{instance}} GPU {{gpu}}")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 7, 8),
         (timeseries("GPU memory used by this process",
-                    "This process's share of the GPU's memory, per NVML.",
-                    [target(f"memprof_gpu_process_memory_used_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}}")],
+                    "This process's share of the GPU's memory, per NVML; where NVML cannot see the "
+                    "process (a pod's own PID namespace), torch's reserved bytes instead (a lower "
+                    "bound: no CUDA context, no other libraries' memory).",
+                    [target(f"memprof_gpu_process_memory_used_bytes{{{q.base}}} "
+                            f"or memprof_gpu_process_torch_reserved_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}}")],
                     "bytes"), 7, 8),
     ])
     watchdog: Section = ("Watchdog", [

@@ -24,8 +24,9 @@ ALERTS_HEADER = """\
 # rules`); each alert's runbook_url points into docs/runbooks.md.
 #
 # Labels: allocator metrics carry `device` (cpu, cuda:0, ...); GPU (NVML) metrics carry `gpu` (the
-# index) and `gpu_uuid`; Prometheus adds `instance` and `job` to every series. Each worker process
-# is its own target, so every alert below is about one process (one `instance`).
+# index) and `gpu_uuid`; memprof_cuda_device_info maps `device` to `gpu_uuid` (and to `mig_uuid` on
+# a MIG device); Prometheus adds `instance` and `job` to every series. Each worker process is its
+# own target, so every alert below is about one process (one `instance`).
 """
 
 

@@ -126,6 +126,9 @@ def format_text(d: dict[str, Any]) -> str:
             desc = dev.get("error") or (f"{dev['model']} ({dev['uuid']}), {_size(dev['total_bytes'])}, "
                                         f"driver {dev['driver_version']}")
             lines.append(f"    gpu {dev['index']}          {desc}")
+            for mig in dev.get("mig_devices", ()):
+                lines.append(f"      MIG {mig['uuid']} (GPU instance {mig['gpu_instance_id']}), "
+                             f"{_size(mig['total_bytes'])}")
     else:
         lines.append(f"  down             {n['reason']}")
     figures = a["figures"] or f"none ({a.get('reason')})"

@@ -80,7 +80,17 @@ def _memory_lines(m: Series) -> list[str]:
         gpu = lab.get("gpu", "?")
         total = _one(m, "memprof_gpu_memory_total_bytes", gpu=gpu)
         mine = _one(m, "memprof_gpu_process_memory_used_bytes", gpu=gpu)
-        lines.append(f"gpu {gpu:<3} used {_b(used)} of {_b(total)}   this process {_b(mine)}")
+        torch_reserved = _one(m, "memprof_gpu_process_torch_reserved_bytes", gpu=gpu)
+        if mine is None and torch_reserved is not None:  # NVML cannot see us (a container)
+            me = f"n/a (torch reserves {_b(torch_reserved)}: no CUDA context, no other libraries)"
+        else:
+            me = _b(mine)
+        lines.append(f"gpu {gpu:<3} used {_b(used)} of {_b(total)}   this process {me}")
+        for mlab, mused in m.get("memprof_gpu_mig_memory_used_bytes", []):
+            if mlab.get("gpu") == gpu:
+                mtotal = _one(m, "memprof_gpu_mig_memory_total_bytes", mig_uuid=mlab.get("mig_uuid", ""))
+                lines.append(f"  MIG {mlab.get('gpu_instance_id', '?'):<3} used {_b(mused)} of {_b(mtotal)}   "
+                             f"{mlab.get('mig_uuid', '')}")
     return lines
 
 

@@ -17,7 +17,8 @@ from memprof_otel.errors import SourceUnavailable
 from memprof_otel.sources import cuda_stats
 from memprof_otel.sources.base import Reading
 
-__all__ = ["CudaAllocatorSource", "ResetPeakFn", "StatsFn", "available_devices"]
+__all__ = ["CudaAllocatorSource", "CudaPeakWatch", "ResetPeakFn", "StatsFn", "available_devices",
+           "device_uuids"]
 
 StatsFn = Callable[[int], Mapping[str, Any]]
 ResetPeakFn = Callable[[int], None]
@@ -52,6 +53,23 @@ def available_devices() -> list[int]:
         return list(range(torch.cuda.device_count()))
     except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
         return []
+
+
+def device_uuids() -> dict[int, str]:
+    """CUDA index -> the device's UUID as torch reports it (``get_device_properties(i).uuid``: the
+    hex form without NVML's ``GPU-``/``MIG-`` prefix), in this process's numbering (after
+    ``CUDA_VISIBLE_DEVICES``). Empty until torch has initialised CUDA: asking earlier would create
+    the CUDA runtime state ourselves. Never raises."""
+    if _unavailable_reason() is not None:
+        return {}
+    try:
+        import torch  # why: CUDA is asked about only on demand; never initialise it at import
+
+        if not torch.cuda.is_initialized():
+            return {}
+        return {i: str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())}
+    except Exception:  # noqa: BLE001 - same reasoning as _unavailable_reason
+        return {}
 
 
 def _raw_fns(torch: Any) -> tuple[StatsFn, ResetPeakFn]:
@@ -183,3 +201,30 @@ class CudaAllocatorSource:
         reserved_peak = cuda_stats.stat(nested, "reserved_bytes", "all", "peak")
         self._lifetime_peak = max(self._lifetime_peak, peak)
         self._lifetime_reserved_peak = max(self._lifetime_reserved_peak, reserved_peak)
+
+
+class CudaPeakWatch:
+    """A per-layer hot counter over one device that never resets torch's peak register (mode
+    ``cuda.reset_peak_stats: false``), for forwards the tensor ledger cannot see into (compiled
+    code allocates outside the dispatcher).
+
+    The register only rises between resets, so a rise since the previous read is exactly the peak
+    since then. Without a rise the peak in between is not known (it stayed below an older peak):
+    the current level is reported, a lower bound. A reset by the host application (the register
+    drops) is taken as "no rise" until the register passes its new mark.
+    """
+
+    def __init__(self, source: CudaAllocatorSource) -> None:
+        self.source = source
+        self._mark: int | None = None
+
+    def reset_peak(self) -> None:
+        """Only remembers the register: torch's own peak is left alone."""
+        self._mark = self.source.reading().peak
+
+    def read_and_reset(self) -> Reading:
+        r = self.source.reading()
+        register = r.peak
+        rose = self._mark is not None and register > self._mark
+        self._mark = register
+        return r._replace(peak=register if rose else r.allocated, reserved_peak=r.reserved)

@@ -10,10 +10,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._log import logger
+from .._log import logger, warn_once
 from ..errors import SourceUnavailable
 from .cgroup import CgroupSource
-from .cuda import CudaAllocatorSource
+from .cuda import CudaAllocatorSource, available_devices, device_uuids
 from .cuda_history import CudaHistoryRecorder
 from .glibc import HostAllocatorSource
 from .nvml import NvmlSource
@@ -22,6 +22,7 @@ from .process import ProcessSource
 _lock = threading.Lock()
 _sources: dict[str, Any] = {}
 _down: dict[str, str] = {}
+_uuids: dict[int, str] = {}  # CUDA index -> torch's UUID, once torch has initialised CUDA
 
 
 def _get(name: str, make: Any,
@@ -63,7 +64,43 @@ def cgroup() -> CgroupSource | None:
 
 
 def nvml() -> NvmlSource | None:
-    return _get("nvml", NvmlSource, on_down=_log_nvml_down)
+    return _get("nvml", lambda: NvmlSource(holds_cuda_memory=holds_cuda_memory,
+                                           on_process_unknown=_nvml_process_unknown),
+                on_down=_log_nvml_down)
+
+
+def holds_cuda_memory() -> bool:
+    """Does torch's caching allocator of this process hold memory on any CUDA device? (Evidence
+    that the process has a CUDA context.) Never initialises CUDA; never raises."""
+    for i in available_devices():
+        try:
+            src = cuda_allocator(i)
+            if src is not None and src.reserved() > 0:
+                return True
+        except Exception:  # noqa: BLE001 - a failing read is "no evidence" from that device
+            continue
+    return False
+
+
+def cuda_uuids() -> dict[int, str]:
+    """CUDA index -> torch's device UUID; empty until torch has initialised CUDA, then read once
+    (a device's UUID does not change while the process lives)."""
+    with _lock:
+        if _uuids:
+            return dict(_uuids)
+    found = device_uuids()
+    with _lock:
+        _uuids.update(found)
+        return dict(_uuids)
+
+
+def _nvml_process_unknown(reason: str) -> None:
+    """NVML cannot give this process's GPU memory: ``memprof_source_up{source="nvml_process"} 0``,
+    the reason in ``/v1/status``, and one log line."""
+    mark_down("nvml_process", reason)
+    warn_once("nvml-process", "memprof_otel: this process's GPU memory from NVML is unknown (%s); "
+              "memprof_gpu_process_memory_used_bytes is left out, memprof_gpu_process_torch_reserved_bytes "
+              "(torch's reserved bytes: no CUDA context, no other libraries) stands in", reason)
 
 
 def _log_nvml_down(reason: str, exc: Exception) -> None:
@@ -90,6 +127,7 @@ def reset_for_tests() -> None:
     with _lock:
         _sources.clear()
         _down.clear()
+        _uuids.clear()
 
 
 def cuda_history_recorder(index: int, max_entries: int) -> Any | None:

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 
 from ..attribution.selection import OTHER
 from ..timeline import Sample
+from .gpu_identity import identify
 
 Labels = dict[str, str]
 Series = dict[str, list[tuple[Labels, float]]]
@@ -70,6 +71,7 @@ class SelfView:
     dumps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     extra_ooms: Mapping[str, int] = field(default_factory=dict)  # device -> OOMs seen in forwards
     config_errors: Mapping[str, int] = field(default_factory=dict)  # source -> values ignored
+    cuda_uuids: Mapping[int, str] = field(default_factory=dict)  # CUDA index -> torch's device UUID
     version: str = ""
     torch_version: str = ""
 
@@ -101,6 +103,12 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
             if g.process_used_bytes is not None:
                 add("memprof_gpu_process_memory_used_bytes", lab, g.process_used_bytes)
             add("memprof_gpu_info", {**lab, "gpu_model": g.model, "driver_version": g.driver_version}, 1)
+            for m in g.migs:
+                mlab = {**lab, "mig_uuid": m.uuid, "gpu_instance_id": str(m.gpu_instance_id),
+                        "compute_instance_id": str(m.compute_instance_id)}
+                add("memprof_gpu_mig_memory_used_bytes", mlab, m.used_bytes)
+                add("memprof_gpu_mig_memory_total_bytes", mlab, m.total_bytes)
+    _cuda_identity(add, sample, me)
     for devices_oom in me.extra_ooms.items():  # OOMs on a device the sampler has no figures for
         device, n = devices_oom
         if sample is None or device not in sample.allocators:
@@ -131,6 +139,26 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
     add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)
     return out
+
+
+def _cuda_identity(add: Any, sample: Sample | None, me: SelfView) -> None:
+    """``memprof_cuda_device_info`` (torch device -> GPU identity, in our label names and in
+    dcgm-exporter's) and, per GPU, torch's reserved bytes on it: the stand-in for this process's
+    NVML figure where NVML cannot see our PID (a container)."""
+    if not me.cuda_uuids:
+        return
+    gpus = sample.gpus if sample is not None else ()
+    reserved: dict[tuple[str, str], float] = {}
+    for ident in identify(me.cuda_uuids, gpus):
+        add("memprof_cuda_device_info", {
+            "device": ident.device, "gpu": ident.gpu, "gpu_uuid": ident.gpu_uuid, "UUID": ident.gpu_uuid,
+            "mig_uuid": ident.mig_uuid, "GPU_I_ID": ident.gpu_instance_id}, 1)
+        figures = sample.allocators.get(ident.device) if sample is not None else None
+        if ident.matched and figures is not None and "reserved_bytes" in figures:
+            key = (ident.gpu, ident.gpu_uuid)
+            reserved[key] = reserved.get(key, 0.0) + figures["reserved_bytes"]
+    for (gpu, uuid), v in sorted(reserved.items()):
+        add("memprof_gpu_process_torch_reserved_bytes", {"gpu": gpu, "gpu_uuid": uuid}, v)
 
 
 def layer_forward_series(layers: Iterable[LayerView]) -> list[tuple[Labels, float, int]]:

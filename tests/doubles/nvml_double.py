@@ -12,7 +12,12 @@ runs again; v2 memory info whose ``used`` excludes driver-reserved memory (v1 co
 without ``nvmlMemory_v2``, drivers without the v2 memory call or the v3 process calls (pynvml then
 raises ``NVMLLibraryMismatchError``); ``usedGpuMemory`` "not available" both as pynvml >= 11.5
 reports it (None) and as older bindings did (the raw sentinel); per-device injected failures.
-Not modelled: MIG instances, events, anything NvmlSource does not call.
+MIG: GPUs without MIG support (``nvmlDeviceGetMigMode`` answers NOT_SUPPORTED), MIG mode on or
+off, MIG devices in slots up to ``nvmlDeviceGetMaxMigDeviceCount`` (empty slots and slots owned
+by another container answer NOT_FOUND), their own handles, UUIDs, GPU/compute instance ids, memory
+and process lists (entries carry the instance ids), and the parent's aggregate process list that
+needs privileges in MIG mode (NO_PERMISSION otherwise), as nvml.h documents it.
+Not modelled: events, MIG reconfiguration calls, anything NvmlSource does not call.
 """
 from __future__ import annotations
 
@@ -28,11 +33,27 @@ _NO_INSTANCE = pynvml.NVML_VALUE_NOT_AVAILABLE_uint.value  # gpu/compute instanc
 
 
 @dataclass
+class ScriptedMig:
+    """One MIG device (GPU instance + compute instance) in ``slot`` of its parent GPU.
+    ``visible=False`` plays a slot another container owns (NVML answers NOT_FOUND)."""
+    uuid: str
+    slot: int
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    total_bytes: int = 10 * GIB
+    used_bytes: int = 0
+    compute_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    visible: bool = True
+
+
+@dataclass
 class ScriptedGpu:
     """One scripted device. ``used_script`` is the v2 ``used`` per memory query (the last value
     repeats); v1 reports ``used + reserved_bytes``. Processes are ``(pid, bytes or None)``.
     ``fail`` is an NVML error code every call on this device raises (set it any time);
-    ``process_query_error`` one the process-list calls raise (e.g. NVML_ERROR_NOT_SUPPORTED)."""
+    ``process_query_error`` one the process-list calls raise (e.g. NVML_ERROR_NOT_SUPPORTED).
+    ``mig_mode``: None for a GPU without MIG, else whether MIG mode is on; ``migs`` its MIG devices;
+    ``privileged``: whether the caller may read the parent's aggregate process list in MIG mode."""
     uuid: str
     name: str = "NVIDIA A100-SXM4-40GB"
     total_bytes: int = 40 * GIB
@@ -43,6 +64,10 @@ class ScriptedGpu:
     fail: int | None = None
     process_query_error: int | None = None
     memory_queries: int = 0
+    mig_mode: bool | None = None
+    migs: list[ScriptedMig] = field(default_factory=list)
+    max_mig_devices: int = 7
+    privileged: bool = False
 
     def used_now(self) -> int:
         script = list(self.used_script)
@@ -55,6 +80,7 @@ class ScriptedGpu:
 class _Handle:
     index: int
     generation: int
+    slot: int | None = None  # a MIG device handle: its slot on GPU ``index``
 
 
 class ScriptedNvmlDouble:
@@ -133,11 +159,47 @@ class ScriptedNvmlDouble:
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         self.calls["nvmlDeviceGetUUID"] += 1
-        return self._gpu(handle).uuid
+        mig = self._mig(handle)
+        return mig.uuid if mig is not None else self._gpu(handle).uuid
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
         self.calls["nvmlDeviceGetName"] += 1
         return self._gpu(handle).name
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        self.calls["nvmlDeviceGetMigMode"] += 1
+        gpu = self._gpu(handle)
+        if gpu.mig_mode is None or handle.slot is not None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if gpu.mig_mode else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        self.calls["nvmlDeviceGetMaxMigDeviceCount"] += 1
+        gpu = self._gpu(handle)
+        if gpu.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.max_mig_devices
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _Handle:
+        self.calls["nvmlDeviceGetMigDeviceHandleByIndex"] += 1
+        gpu = self._gpu(handle)
+        if not gpu.mig_mode:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < gpu.max_mig_devices:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        for mig in gpu.migs:
+            if mig.slot == index and mig.visible:
+                return _Handle(handle.index, self.generation, index)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
+        self.calls["nvmlDeviceGetGpuInstanceId"] += 1
+        return self._mig_or_fail(handle).gpu_instance_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:
+        self.calls["nvmlDeviceGetComputeInstanceId"] += 1
+        return self._mig_or_fail(handle).compute_instance_id
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int | None = None) -> Any:
         if version is not None and not self.binding_has_memory_v2:
@@ -147,14 +209,16 @@ class ScriptedNvmlDouble:
         gpu = self._gpu(handle)
         if version and not self.driver_has_memory_v2:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        used = gpu.used_now()
+        mig = self._mig(handle)
+        if mig is not None:
+            used, total, reserved = mig.used_bytes, mig.total_bytes, 0
+        else:
+            used, total, reserved = gpu.used_now(), gpu.total_bytes, gpu.reserved_bytes
         if version:
-            return pynvml.c_nvmlMemory_v2_t(
-                version=version, total=gpu.total_bytes, reserved=gpu.reserved_bytes,
-                free=gpu.total_bytes - gpu.reserved_bytes - used, used=used)
-        v1_used = used + gpu.reserved_bytes
-        return pynvml.c_nvmlMemory_t(total=gpu.total_bytes, free=gpu.total_bytes - v1_used,
-                                     used=v1_used)
+            return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved,
+                                            free=total - reserved - used, used=used)
+        v1_used = used + reserved
+        return pynvml.c_nvmlMemory_t(total=total, free=total - v1_used, used=v1_used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
         return self._processes("nvmlDeviceGetComputeRunningProcesses", handle, v3=True)
@@ -178,6 +242,22 @@ class ScriptedNvmlDouble:
         if gpu.fail is not None:
             raise pynvml.NVMLError(gpu.fail)
 
+    def _mig(self, handle: _Handle) -> ScriptedMig | None:
+        """The MIG device a MIG handle names (None for a GPU handle)."""
+        if handle.slot is None:
+            return None
+        gpu = self._gpu(handle)
+        for mig in gpu.migs:
+            if mig.slot == handle.slot and mig.visible and gpu.mig_mode:
+                return mig
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)  # reconfigured away
+
+    def _mig_or_fail(self, handle: _Handle) -> ScriptedMig:
+        mig = self._mig(handle)
+        if mig is None:  # the instance-id getters answer only for MIG device handles
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return mig
+
     def _gpu(self, handle: _Handle) -> ScriptedGpu:
         self._check_init()
         if not isinstance(handle, _Handle) or handle.generation != self.generation:
@@ -194,13 +274,24 @@ class ScriptedNvmlDouble:
             raise pynvml.NVMLLibraryMismatchError(f"{call}: use a versioned function such as _v2")
         if gpu.process_query_error is not None:
             raise pynvml.NVMLError(gpu.process_query_error)
-        entries = gpu.compute_processes if "Compute" in call else gpu.graphics_processes
+        mig = self._mig(handle)
+        entries: list[tuple[int, int | None, int, int]]
+        if mig is not None:
+            entries = [(pid, used, mig.gpu_instance_id, mig.compute_instance_id)
+                       for pid, used in (mig.compute_processes if "Compute" in call else [])]
+        elif gpu.mig_mode:  # the aggregate over instances: privileged callers only (nvml.h)
+            if not gpu.privileged:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+            entries = [(pid, used, m.gpu_instance_id, m.compute_instance_id)
+                       for m in gpu.migs for pid, used in (m.compute_processes if "Compute" in call else [])]
+        else:
+            entries = [(pid, used, _NO_INSTANCE, _NO_INSTANCE) for pid, used in
+                       (gpu.compute_processes if "Compute" in call else gpu.graphics_processes)]
         out = []
-        for pid, used in entries:
+        for pid, used, gi, ci in entries:
             raw = NOT_AVAILABLE if used is None else used
             obj = pynvml.nvmlStructToFriendlyObject(pynvml.c_nvmlProcessInfo_v2_t(
-                pid=pid, usedGpuMemory=raw, gpuInstanceId=_NO_INSTANCE,
-                computeInstanceId=_NO_INSTANCE))
+                pid=pid, usedGpuMemory=raw, gpuInstanceId=gi, computeInstanceId=ci))
             if self.binding_converts_not_available and obj.usedGpuMemory == NOT_AVAILABLE:
                 obj.usedGpuMemory = None
             out.append(obj)

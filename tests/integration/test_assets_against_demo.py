@@ -42,6 +42,8 @@ from tests.integration.prom_server import running_prometheus
 # metrics that need hardware or a limit this machine does not have
 NEEDS_GPU = {"memprof_gpu_memory_used_bytes", "memprof_gpu_memory_total_bytes",
              "memprof_gpu_process_memory_used_bytes", "memprof_gpu_info",
+             "memprof_gpu_process_torch_reserved_bytes", "memprof_gpu_mig_memory_used_bytes",
+             "memprof_gpu_mig_memory_total_bytes", "memprof_cuda_device_info",
              "memprof_layer_fragmentation_ratio"}  # measured per layer on CUDA only
 NEEDS_CGROUP_LIMIT = {"memprof_process_memory_limit_bytes"}
 # need a memory cgroup the process can read (this machine's, found independently, decides)

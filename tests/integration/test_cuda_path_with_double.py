@@ -190,3 +190,124 @@ def test_a_failing_history_recorder_never_breaks_the_capture_or_the_forward(hist
     assert torch.equal(out, torch.ones(1))
     assert cap.cuda_snapshot is None and made[0].error is not None
     assert cap.completed == 1 and cap.total_bytes() >= 0
+
+
+# ---- cuda.reset_peak_stats: false — torch's peak counters stay the host application's ----------
+#
+# The host (vLLM's start-up profiling does this) resets torch's peak counters, runs a profile
+# forward and reads max_memory_allocated() afterwards. Here the scripted device stands in for the
+# GPU, and this machine's CPU tensors for the tensors a CUDA forward creates: the tensor ledger is
+# told to count CPU storages where it would count CUDA ones (the only substitution).
+
+class TensorOp(nn.Module):
+    """A layer that creates tensors of known sizes: a ``temp``-byte transient, then ``keep`` bytes
+    it retains; the device allocations mirror them so the device's own register moves too."""
+
+    def __init__(self, dev: ScriptedCudaAllocatorDouble, temp: int, keep: int) -> None:
+        super().__init__()
+        self.dev, self.temp, self.keep = dev, temp, keep
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.empty(self.temp, dtype=torch.uint8)
+        h = self.dev.malloc(self.temp)
+        del t
+        self.dev.free(h)
+        if self.keep:
+            self.kept.append(torch.empty(self.keep, dtype=torch.uint8))
+            self.dev.malloc(self.keep)
+        return x
+
+
+class TensorNet(nn.Module):
+    def __init__(self, dev: ScriptedCudaAllocatorDouble) -> None:
+        super().__init__()
+        self.dev = dev
+        self.a = TensorOp(dev, 3 * MIB, 1 * MIB)
+        self.b = nn.Sequential(TensorOp(dev, 5 * MIB, 2 * MIB), TensorOp(dev, 1 * MIB, 0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.empty(7 * MIB, dtype=torch.uint8)  # the root's own transient, before any child
+        h = self.dev.malloc(7 * MIB)
+        del t
+        self.dev.free(h)
+        return self.b(self.a(x))
+
+
+@pytest.fixture
+def cpu_tensors_stand_in_for_cuda(monkeypatch):
+    from memprof_otel.sources.ledger import TensorLedger
+
+    monkeypatch.setattr(instrument_mod, "TensorLedger", lambda device_type: TensorLedger("cpu"))
+
+
+def host_profiles(dev: ScriptedCudaAllocatorDouble, nbytes: int) -> int:
+    """What the host does before serving: reset the peak counters, run a profile allocation, read
+    ``max_memory_allocated()`` (the double's nested ``allocated_bytes.all.peak``)."""
+    dev.reset_peak(0)
+    dev.free(dev.malloc(nbytes))
+    return dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"]
+
+
+def test_no_reset_mode_leaves_the_hosts_peak_alone_and_figures_right(device, cpu_tensors_stand_in_for_cuda):
+    # GIVEN a host that profiled a 256 MiB peak, and a model whose forwards peak far lower
+    dev, src = device
+    host_max = host_profiles(dev, 256 * MIB)
+    assert host_max == round_size(256 * MIB)
+    resets_before = dev.reset_peak_calls
+    model = TensorNet(dev)
+
+    # WHEN forwards run attributed, in the mode that never resets torch's peak counters
+    with mp.instrument(model, reset_peak_stats=False, **EVERY) as h:
+        level_at_start = src.allocated()
+        model(torch.zeros(1))
+        model(torch.zeros(1))
+        s = h.layer_stats()
+        stats = src.stats()  # the sampler's read: no reset either
+
+    # THEN torch's reset was never called by us and the host's max_memory_allocated() is untouched
+    assert dev.reset_peak_calls == resets_before
+    assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] == host_max
+    assert stats["allocated_peak_bytes"] == host_max
+    # AND per-layer figures are the tensor sizes (first forward's and second's are alike)
+    assert s["a"].peak_increase == 3 * MIB and s["a"].retained == 1 * MIB
+    assert s["b.0"].peak_increase == 5 * MIB and s["b.0"].retained == 2 * MIB
+    assert s["b.1"].peak_increase == 1 * MIB and s["b.1"].retained == 0
+    assert s["b"].peak_increase == 2 * MIB + 3 * MIB and s["b"].retained == 2 * MIB  # b.0's keep stays
+    assert s[""].peak_increase == 7 * MIB and s[""].retained == 3 * MIB
+    assert s["a"].calls == 2
+    # absolute levels are the allocator's level at forward start plus the tensor bytes above it:
+    # the second forward starts with the first one's kept 1 + 2 MiB on the device
+    assert level_at_start == 0
+    assert s[""].peak_allocated == (1 * MIB + 2 * MIB) + 7 * MIB
+    assert s["a"].avg_fragmentation is None  # the ledger has no heap layout: absent, not 0
+
+
+def test_default_mode_resets_the_hosts_peak_which_is_why_the_switch_exists(device):
+    dev, src = device
+    host_max = host_profiles(dev, 256 * MIB)
+    resets_before = dev.reset_peak_calls
+    model = DeviceNet(dev)
+    with mp.instrument(model, **EVERY):
+        model(torch.zeros(1))
+    assert dev.reset_peak_calls > resets_before
+    # the host's max_memory_allocated() now reads our last layer's window, not its profile peak
+    assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] < host_max
+    assert src.stats()["allocated_peak_bytes"] >= host_max  # our own lifetime figure survived
+
+
+def test_no_reset_mode_on_a_compiled_style_forward_only_watches_the_register(device, monkeypatch):
+    # GIVEN the path taken for forwards the ledger cannot see into (compiled code, or a torch
+    # without dispatch modes)
+    dev, src = device
+    monkeypatch.setattr(instrument_mod, "_LEDGER_DOWN", "no dispatch modes in this torch (test)")
+    host_max = host_profiles(dev, 32 * MIB)
+    resets_before = dev.reset_peak_calls
+    model = DeviceNet(dev)  # its root allocates a 100 MiB transient: above the host's peak
+    with mp.instrument(model, reset_peak_stats=False, **EVERY) as h:
+        model(torch.zeros(1))
+        s = h.layer_stats()
+    assert dev.reset_peak_calls == resets_before
+    # the new all-time peak is exact: the root transient of 100 MiB over the level at entry
+    assert s[""].peak_increase == round_size(100 * MIB)
+    assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] > host_max  # the model's own

@@ -21,6 +21,7 @@ from .prom_server import free_port, running_prometheus
 # No GPU on this host (CPU torch, no NVML): these families need one and must not be exported.
 NEEDS_GPU = {d.prom for d in METRICS if d.prom.startswith("memprof_gpu_")}
 NEEDS_GPU.add("memprof_layer_fragmentation_ratio")  # measured per layer on CUDA only
+NEEDS_GPU.add("memprof_cuda_device_info")  # once torch has initialised CUDA
 # Exported only when the process's cgroup sets a memory limit (docs/reference.md: "only exported when one is set").
 WHEN_LIMIT_SET = "memprof_process_memory_limit_bytes"
 # Exported only where the process has a memory cgroup / a CPU quota / a kernel that counts OOM kills.

@@ -126,3 +126,13 @@ def test_non_finite_and_malformed_values_name_the_key(layer, key):
     with pytest.raises(ConfigError) as e:
         load_config(layer, environ={})
     assert e.value.key == key
+
+
+def test_cuda_reset_peak_stats_defaults_on_and_turns_off_from_every_source():
+    assert load_config().cuda.reset_peak_stats is True
+    assert load_config(environ={"MEMPROF_OTEL_CUDA_RESET_PEAK_STATS": "false"}).cuda.reset_peak_stats is False
+    assert load_config(reset_peak_stats=False).cuda.reset_peak_stats is False  # instrument(..., reset_peak_stats=False)
+    assert load_config({"cuda": {"reset_peak_stats": False}}).cuda.reset_peak_stats is False
+    with pytest.raises(ConfigError) as e:
+        load_config({"cuda": {"reset_peak_stats": "maybe"}})
+    assert e.value.key == "cuda.reset_peak_stats"

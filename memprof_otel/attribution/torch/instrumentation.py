@@ -36,6 +36,7 @@ from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState, event_capacity, event_dict
 from ...sources import registry
+from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ...timeline import OperationRecord, Sample
@@ -521,13 +522,22 @@ class Instrumentation:
             counter = registry.cuda_allocator(device.index or 0)
             if counter is None:
                 return
-            if cap is not None and _LEDGER_DOWN is None:  # a capture's per-op view needs the ledger on CUDA too
+            # cuda.reset_peak_stats false: torch's peak register is the host application's (vLLM
+            # profiles with max_memory_allocated); the ledger keeps our per-layer peaks instead
+            no_reset = not self.config.cuda.reset_peak_stats
+            if no_reset and _LEDGER_DOWN is not None:
+                self._begin_compiled(module, path, t)  # root-level figures, the register untouched
+                return
+            if (cap is not None or no_reset) and _LEDGER_DOWN is None:  # a capture's per-op view needs it too
                 mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
                 max_entries = self.config.dumps.cuda_history_max_entries
-                if cap.history is None and max_entries > 0:  # on for the capture window only
+                if cap is not None and cap.history is None and max_entries > 0:  # on for the capture window only
                     cap.history = registry.cuda_history_recorder(device.index or 0, max_entries)
                     if cap.history is not None:
                         cap.history.start()
+            if no_reset and mode is not None:
+                baseline = counter.reading().allocated  # the allocator's level: ledger figures are relative
+                counter = mode.ledger
         else:
             if _LEDGER_DOWN is not None:  # no TorchDispatchMode in this torch: root-level figures
                 self._begin_compiled(module, path, t)  # from the host heap, as for compiled code
@@ -564,13 +574,17 @@ class Instrumentation:
         No global hooks (module hooks do not run inside a compiled region) and no ledger (inductor
         allocates its buffers outside the dispatcher: a ledger would read 0). On CUDA the caching
         allocator's counters see everything the compiled code allocates: peak and retained exact.
-        On CPU the host heap's in-use bytes are read at entry and exit: approximate.
+        On CPU the host heap's in-use bytes are read at entry and exit: approximate. With
+        ``cuda.reset_peak_stats: false`` the CUDA register is only watched (``CudaPeakWatch``):
+        a peak above every earlier one is exact, others read as the level (a lower bound).
         """
         device = self._device_of(module)
         self.last_device = str(device)
         counter: Any = None
         if device.type == "cuda":
             counter = registry.cuda_allocator(device.index or 0)
+            if counter is not None and not self.config.cuda.reset_peak_stats:
+                counter = CudaPeakWatch(counter)  # reads the peak register, never resets it
         else:
             host = registry.host_allocator()
             counter = HeapLevelCounter(host) if host is not None else None

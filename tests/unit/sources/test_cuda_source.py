@@ -274,3 +274,47 @@ def test_default_source_without_cuda_raises_source_unavailable_with_reason() -> 
 def test_bad_device_index_is_rejected(bad: Any) -> None:
     with pytest.raises(ValueError):
         CudaAllocatorSource(bad, stats_fn=lambda i: {}, reset_peak_fn=lambda i: None)
+
+
+# -- CudaPeakWatch: per-layer reads that never reset torch's peak register ----------------------
+
+def _watch() -> tuple[ScriptedCudaAllocatorDouble, Any]:
+    from memprof_otel.sources.cuda import CudaPeakWatch
+
+    dev = ScriptedCudaAllocatorDouble(0)
+    src = CudaAllocatorSource(0, stats_fn=dev.memory_stats_nested, reset_peak_fn=dev.reset_peak)
+    return dev, CudaPeakWatch(src)
+
+
+def test_peak_watch_reports_a_new_all_time_peak_exactly_and_never_resets() -> None:
+    dev, watch = _watch()
+    watch.reset_peak()
+    h = dev.malloc(64 * MIB)  # a transient above every earlier peak
+    dev.free(h)
+    keep = dev.malloc(2 * MIB)
+    r = watch.read_and_reset()
+    assert r.peak == 64 * MIB and r.allocated == 2 * MIB
+    assert dev.reset_peak_calls == 0
+    assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] == 64 * MIB
+    dev.free(keep)
+
+
+def test_peak_watch_below_an_earlier_peak_reports_the_level_a_lower_bound() -> None:
+    dev, watch = _watch()
+    dev.free(dev.malloc(64 * MIB))  # the host's earlier peak (say, a profiling run)
+    watch.reset_peak()
+    dev.free(dev.malloc(16 * MIB))  # a smaller transient: the register cannot show it
+    r = watch.read_and_reset()
+    assert r.peak == r.allocated == 0
+    assert dev.reset_peak_calls == 0
+
+
+def test_peak_watch_treats_a_host_reset_as_no_rise() -> None:
+    dev, watch = _watch()
+    dev.free(dev.malloc(64 * MIB))
+    watch.reset_peak()
+    dev.reset_peak(0)            # the host application resets torch's counters itself
+    dev.free(dev.malloc(8 * MIB))
+    assert watch.read_and_reset().peak == 0  # 8 MiB < the 64 MiB mark: not claimed as ours
+    dev.free(dev.malloc(32 * MIB))           # now the register rose past its new mark (8 MiB)
+    assert watch.read_and_reset().peak == 32 * MIB

@@ -397,7 +397,7 @@ def test_registry_nvml_is_none_with_the_reason_and_logs_one_line(
 
 def test_registry_warns_when_nvml_is_present_but_broken(monkeypatch: pytest.MonkeyPatch,
                                                         caplog: pytest.LogCaptureFixture) -> None:
-    def broken() -> NvmlSource:
+    def broken(**_: object) -> NvmlSource:
         raise NvmlUnavailable("Insufficient Permissions", no_gpu=False)
 
     monkeypatch.setattr(registry, "NvmlSource", broken)  # what the registry builds from
