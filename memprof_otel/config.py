@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,23 @@ from .metric_names import BY_PROM, METRICS
 from .units import parse_bytes, parse_duration
 
 ENV_PREFIX = "MEMPROF_OTEL_"
+DEFAULT_SERVICE_NAME = "memprof-otel"
+
+
+def service_name_in_effect(explicit: str | None, environ: Mapping[str, str]) -> str:
+    """The ``service.name`` this process reports, as the OTel resource resolves it: an explicit
+    ``service_name`` > ``OTEL_SERVICE_NAME`` > ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` >
+    ``memprof-otel``. Used where the name is needed without an OTel SDK (the dump folder, check-config)."""
+    if explicit:
+        return explicit
+    if name := (environ.get("OTEL_SERVICE_NAME") or "").strip():
+        return name
+    for item in (environ.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "service.name" and value.strip():
+            # the specification percent-encodes values (W3C baggage octets)
+            return urllib.parse.unquote(value.strip())
+    return DEFAULT_SERVICE_NAME
 CONFIG_FILE_ENV = "MEMPROF_OTEL_CONFIG"  # a YAML file, used when no file or mapping is passed
 # (source, error): a value the tolerant loader left out; source is "env" (a variable) or "file"
 # (the file MEMPROF_OTEL_CONFIG names)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -21,7 +22,7 @@ from typing import Any, Callable
 from ._log import rate_limited
 from ._version import __version__
 from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
-from .config import Config, ConfigError, DumpsConfig, load_config_tolerant
+from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
 from .export.otel import OtelExporter
@@ -222,7 +223,7 @@ class Runtime:
 
     def _service_name(self) -> str:
         cfg = self.config
-        return cfg.service_name if cfg is not None else Config().service_name
+        return service_name_in_effect(cfg.service_name if cfg is not None else None, os.environ)
 
     def _samples(self) -> list[Sample]:
         return self.sampler.samples() if self.sampler is not None else []

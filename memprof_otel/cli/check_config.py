@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..config import Config, load_config
+from ..config import Config, load_config, service_name_in_effect
 from ..dumps.store import default_dir
 from ..units import format_bytes
 
@@ -40,7 +40,7 @@ def summary_lines(cfg: Config) -> list[str]:
         f"({'token set' if cfg.http.token else 'no token'})",
         f"  otel           {'on' if cfg.otel.enabled else 'off'}, OTLP endpoint {otlp}",
         f"  watchdog       {len(cfg.watchdog.rules)} rule(s){': ' + rules if rules else ''}",
-        f"  dumps          {cfg.dumps.dir or str(default_dir(cfg.service_name, '<pid>')) + ' (per process)'} "
+        f"  dumps          {cfg.dumps.dir or str(default_dir(service_name_in_effect(cfg.service_name, os.environ), '<pid>')) + ' (per process)'} "
         f"(max {cfg.dumps.max_files} files, "
         f"{format_bytes(cfg.dumps.max_bytes)})",
     ]

@@ -18,10 +18,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..config import OtelConfig
+from ..config import DEFAULT_SERVICE_NAME, OtelConfig
 from ..errors import ConfigError
 
-DEFAULT_SERVICE_NAME = "memprof-otel"
 DEFAULT_EXPORT_INTERVAL_S = 15.0
 DEFAULT_EXPORT_TIMEOUT_S = 5.0
 # the ranges of otel.export_interval / otel.export_timeout, for the variables too

@@ -49,6 +49,8 @@ NEEDS_CGROUP_LIMIT = {"memprof_process_memory_limit_bytes"}
 # need a memory cgroup the process can read (this machine's, found independently, decides)
 NEEDS_MEMORY_CGROUP = {"memprof_container_memory_usage_bytes", "memprof_container_memory_working_set_bytes",
                        "memprof_container_oom_kills_total"}
+# only where the cgroup sets a CPU quota (its panel draws the process's CPU time as well)
+NEEDS_CPU_QUOTA = {"memprof_container_cpu_limit_cores"}
 JOB = "memprof"                       # the job name tests/integration/prom_server.py scrapes under
 ABSENT_LABELS = {"cluster", "namespace", "pod"}   # a plain, non-Kubernetes Prometheus has none
 _LABEL_VALUES = re.compile(r"^label_values\((.*), (\w+)\)$", re.DOTALL)
@@ -153,7 +155,7 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
     # THEN every metric the assets name is exposed, but for the hardware/limit ones, which are not
     used = metric_names_used(families=exposed)
     missing = {name: sorted(files) for name, files in used.items() if name not in exposed}
-    optional = NEEDS_GPU | NEEDS_CGROUP_LIMIT | (NEEDS_MEMORY_CGROUP if cgroup_truth.memory_dir() is None else set())
+    optional = NEEDS_GPU | NEEDS_CGROUP_LIMIT | NEEDS_CPU_QUOTA | (NEEDS_MEMORY_CGROUP if cgroup_truth.memory_dir() is None else set())
     assert set(missing) <= optional, f"assets use metrics the demo lacks: {missing}"
     assert not (NEEDS_GPU | NEEDS_CGROUP_LIMIT) & exposed, "this machine has no GPU and no cgroup limit"
 

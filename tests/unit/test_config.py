@@ -1,6 +1,7 @@
 import pytest
 
 from memprof_otel import ConfigError, load_config
+from memprof_otel.config import service_name_in_effect
 from memprof_otel.units import format_bytes, parse_bytes, parse_duration
 
 
@@ -136,3 +137,15 @@ def test_cuda_reset_peak_stats_defaults_on_and_turns_off_from_every_source():
     with pytest.raises(ConfigError) as e:
         load_config({"cuda": {"reset_peak_stats": "maybe"}})
     assert e.value.key == "cuda.reset_peak_stats"
+
+
+@pytest.mark.parametrize(("explicit", "environ", "expected"), [
+    (None, {}, "memprof-otel"),
+    ("svc", {"OTEL_SERVICE_NAME": "env-svc"}, "svc"),
+    (None, {"OTEL_SERVICE_NAME": "env-svc", "OTEL_RESOURCE_ATTRIBUTES": "service.name=attr"}, "env-svc"),
+    (None, {"OTEL_RESOURCE_ATTRIBUTES": "team=ml, service.name=my%20api ,x=y"}, "my api"),
+    (None, {"OTEL_SERVICE_NAME": "  ", "OTEL_RESOURCE_ATTRIBUTES": "service.name="}, "memprof-otel"),
+])
+def test_service_name_in_effect_follows_the_otel_resource_order(explicit, environ, expected):
+    # the order the OTel SDK's resource detectors apply, with an explicit service_name on top
+    assert service_name_in_effect(explicit, environ) == expected
