@@ -72,7 +72,7 @@ class HeapProfiler:
     def running(self) -> bool:
         return not self._idle.is_set()
 
-    def run(self, seconds: float, frames: int = 16, top: int = 20) -> HeapResult:
+    def run(self, seconds: float, frames: int = 4, top: int = 20) -> HeapResult:
         """Trace for ``seconds``, then return the ``top`` growing sites and the stored speedscope file.
         ``ValueError`` for arguments out of range; ``CaptureBusy`` while another session runs."""
         if not 0 < seconds <= MAX_SECONDS:
