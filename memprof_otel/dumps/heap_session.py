@@ -108,7 +108,9 @@ class HeapProfiler:
             after = tracemalloc.take_snapshot()
             elapsed = time.monotonic() - t0
         finally:
-            if not was_on:  # only the tracing we started; a process that traced keeps tracing
+            # only the tracing we started; a process that traced keeps tracing. (A start() of the
+            # application's own during the wait was a no-op on ours, so it ends with ours.)
+            if not was_on:
                 tracemalloc.stop()
         diff = diff_snapshots(before, after, top=top, exclude=self._exclude)
         del before, after  # the snapshots can be large; the diff keeps what it needs
