@@ -20,9 +20,9 @@ TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both 
 # longest ?wait= a dump request may block for: under the 60 s idle timeout of common proxies and
 # load balancers (nginx, AWS ALB), so a blocking call is answered (202 at worst) before they cut it
 DUMP_WAIT_MAX = 55.0
-# POST /v1/heap body: (default, least, most). At most 55 s of tracing, so the answer comes back under
-# the 60 s read timeout common to reverse proxies and load balancers.
-HEAP_SECONDS = (10.0, 1.0, 55.0)
+# POST /v1/heap body: (default, least, most). At most DUMP_WAIT_MAX seconds of tracing, for the same
+# reason: the answer comes back before a proxy's 60 s idle timeout cuts the request.
+HEAP_SECONDS = (10.0, 1.0, DUMP_WAIT_MAX)
 HEAP_FRAMES = (4, 1, 100)    # each frame costs on every allocation (docs/benchmarks.md): 4 by default
 HEAP_TOP = (20, 1, 200)
 
