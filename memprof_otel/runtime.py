@@ -23,6 +23,7 @@ from ._log import rate_limited
 from ._version import __version__
 from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
 from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
+from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
 from .export.otel import OtelExporter
@@ -102,6 +103,8 @@ class Runtime:
         self.servers: list[Any] = []
         self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump,
                                         self._service_name)
+        # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
+        self.heap = HeapProfiler(lambda: self.dump_service.store, self.count_dump)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
@@ -257,6 +260,8 @@ class Runtime:
         """Stop servers, the sampler and exporters (flushing them) within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         ok = True
+        # a heap diff still waiting ends now (its tracing stops) and answers before the servers close
+        ok &= self.heap.stop(min(2.0, timeout / 2))
         with self._lock:
             for srv in list(self.servers):
                 try:

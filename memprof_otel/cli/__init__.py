@@ -23,6 +23,7 @@ COMMANDS = {
     "info": "info",
     "check-config": "check_config",
     "dump": "dump",
+    "heap": "heap",
     "analyze": "analyze",
     "monitor": "monitor",
     "demo": "demo",

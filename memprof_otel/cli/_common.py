@@ -66,7 +66,8 @@ class Client:
         return full + ("?" + urllib.parse.urlencode(q) if q else "")
 
     def request(self, method: str, path: str, query: Mapping[str, Any] | None = None,
-                timeout: float | None = None, accept: str = "application/json") -> bytes:
+                timeout: float | None = None, accept: str = "application/json", body: Any = None) -> bytes:
+        """``body``: sent as JSON on POST/PUT (an empty body when None)."""
         url = self.url(path, query)
         headers = {"Accept": accept, "User-Agent": "memprof-otel-cli"}
         if self.token:
@@ -74,7 +75,8 @@ class Client:
         if method in ("POST", "PUT"):  # the endpoint refuses other content types there (415)
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(url, method=method, headers=headers,
-                                     data=b"" if method in ("POST", "PUT") else None)
+                                     data=(b"" if body is None else json.dumps(body).encode())
+                                     if method in ("POST", "PUT") else None)
         wait = self.timeout if timeout is None else timeout
         shown = url.split("?", 1)[0]
         try:
@@ -99,10 +101,10 @@ class Client:
             raise CommandError(f"cannot reach {self.base}: {type(e).__name__}: {e}") from None
 
     def json(self, method: str, path: str, query: Mapping[str, Any] | None = None,
-             timeout: float | None = None) -> Any:
-        body = self.request(method, path, query, timeout)
+             timeout: float | None = None, body: Any = None) -> Any:
+        answer = self.request(method, path, query, timeout, body=body)
         try:
-            return json.loads(body)
+            return json.loads(answer)
         except (ValueError, UnicodeDecodeError):
             raise CommandError(f"{method} {self.url(path)}: the answer is not JSON "
                                "(is this a memprof-otel endpoint?)") from None

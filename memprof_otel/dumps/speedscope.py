@@ -27,9 +27,11 @@ class _Frames:
 
 
 def build_speedscope(name: str, allocations: Iterable[tuple[Sequence[str], int]],
-                     calls: Sequence[tuple[str, str, float]], *, exporter: str) -> dict[str, Any]:
+                     calls: Sequence[tuple[str, str, float]], *, exporter: str,
+                     measure: str = "bytes allocated") -> dict[str, Any]:
     """``allocations``: (stack root->leaf, bytes); identical stacks are merged, order of first
-    appearance kept. ``calls``: ("O" or "C", frame name, time in seconds), properly nested."""
+    appearance kept. ``calls``: ("O" or "C", frame name, time in seconds), properly nested.
+    ``measure`` names what the bytes are, in the sampled profile's name."""
     frames = _Frames()
     merged: dict[tuple[str, ...], int] = {}
     for stack, nbytes in allocations:
@@ -40,7 +42,7 @@ def build_speedscope(name: str, allocations: Iterable[tuple[Sequence[str], int]]
     weights = list(merged.values())
     total = sum(weights)
     profiles: list[dict[str, Any]] = [{
-        "type": "sampled", "name": f"{name}: bytes allocated", "unit": "bytes",
+        "type": "sampled", "name": f"{name}: {measure}", "unit": "bytes",
         "startValue": 0, "endValue": total, "samples": samples, "weights": weights,
     }]
     if calls:

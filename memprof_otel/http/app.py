@@ -28,6 +28,7 @@ from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDu
                      UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
+from ..dumps.heap_session import HeapProfiler
 from ..dumps.service import DumpService
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
 from ..sources import registry
@@ -35,9 +36,9 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
-from .guards import (DUMP_WAIT_MAX, JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT,
-                     accepts_gzip, host_allowed, is_loopback, make_cursor, media_type, parse_cursor, parse_integer,
-                     parse_number)
+from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT,
+                     TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip, host_allowed, is_loopback, json_number,
+                     make_cursor, media_type, parse_cursor, parse_integer, parse_number)
 from .openapi import openapi_document
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
@@ -58,6 +59,7 @@ class EndpointServices(ScrapeSource, Protocol):
     tracker: OperationTracker
     watchdog: Watchdog | None
     dump_service: DumpService
+    heap: HeapProfiler
     started_unix: float
     servers: list[Any]
 
@@ -166,6 +168,29 @@ def _str_param(q: Mapping[str, list[str]], name: str) -> str | None:
     return raw[-1]
 
 
+def _json_body(req: Request) -> Any:
+    """The request body as JSON (an empty body is ``None``); 400 ``bad_json`` otherwise."""
+    try:
+        return json.loads(req.body) if req.body else None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HttpError(400, "bad_json", f"body is not JSON: {str(e)[:200]}") from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise HttpError(400, "bad_json", "body is not JSON: nested too deep") from None
+
+
+def _body_number(doc: Mapping[str, Any], name: str, limits: tuple[float, float, float],
+                 integer: bool) -> Any:
+    default, lo, hi = limits
+    if name not in doc:
+        return default
+    v = json_number(doc[name], lo, hi, integer)
+    if v is None:
+        kind = "an integer" if integer else "a finite number"
+        raise HttpError(400, "bad_parameter", f"{name} must be {kind} between {lo:g} and {hi:g}, "
+                        f"got {_shown(json.dumps(doc[name]))}")
+    return v
+
+
 # ---- /v1/timeline pages ---------------------------------------------------------------------
 
 def _encode_slice(items: list[Any], limit: int, budget: int) -> list[bytes]:
@@ -229,6 +254,7 @@ class Endpoint:
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
+            ("POST", "/v1/heap"): self.post_heap,
             ("GET", "/openapi.json"): self.openapi,
         }
 
@@ -399,12 +425,7 @@ class Endpoint:
         return json_response(200, {"rules": [r.to_dict() for r in (wd.rules if wd is not None else ())]})
 
     def put_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        try:
-            doc = json.loads(req.body or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HttpError(400, "bad_json", f"body is not JSON: {str(e)[:200]}") from None
-        except RecursionError:  # nested deeper than the parser goes
-            raise HttpError(400, "bad_json", "body is not JSON: nested too deep") from None
+        doc = _json_body(req)
         raw = doc.get("rules") if isinstance(doc, dict) else doc
         if not isinstance(raw, list):
             raise HttpError(400, "bad_rules", 'expected {"rules": [...]} or a JSON list of rules')
@@ -458,6 +479,29 @@ class Endpoint:
         if failure_is_error and body["status"] == FAILED:
             return json_response(_FAILED_STATUS.get(str(body["error"]), 500), body, headers)
         return json_response(200, body, headers)
+
+    def post_heap(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """Trace the Python heap for ``seconds`` and answer its top growing allocation sites."""
+        if q:
+            raise HttpError(400, "bad_parameter", "POST /v1/heap takes its parameters in a JSON body, "
+                            'e.g. {"seconds": 10}, not in the query')
+        doc = _json_body(req)
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, dict):
+            raise HttpError(400, "bad_body", 'the body must be a JSON object such as {"seconds": 10}')
+        unknown = sorted(set(doc) - {"seconds", "frames", "top"})
+        if unknown:
+            raise HttpError(400, "bad_parameter", f"unknown field {_shown(unknown[0])}; "
+                            "the fields are seconds, frames and top")
+        seconds = _body_number(doc, "seconds", HEAP_SECONDS, integer=False)
+        frames = _body_number(doc, "frames", HEAP_FRAMES, integer=True)
+        top = _body_number(doc, "top", HEAP_TOP, integer=True)
+        try:
+            result = self.rt.heap.run(float(seconds), int(frames), int(top))
+        except CaptureBusy as e:
+            raise HttpError(409, "heap_diff_in_progress", str(e)) from None
+        return json_response(200, result.to_dict(self.base_url))
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in self.rt.dump_service.store.list()]})

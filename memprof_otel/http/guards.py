@@ -20,6 +20,11 @@ TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both 
 # longest ?wait= a dump request may block for: under the 60 s idle timeout of common proxies and
 # load balancers (nginx, AWS ALB), so a blocking call is answered (202 at worst) before they cut it
 DUMP_WAIT_MAX = 55.0
+# POST /v1/heap body: (default, least, most). At most DUMP_WAIT_MAX seconds of tracing, for the same
+# reason: the answer comes back before a proxy's 60 s idle timeout cuts the request.
+HEAP_SECONDS = (10.0, 1.0, DUMP_WAIT_MAX)
+HEAP_FRAMES = (4, 1, 100)    # each frame costs on every allocation (docs/benchmarks.md): 4 by default
+HEAP_TOP = (20, 1, 200)
 
 
 def is_loopback(host: str) -> bool:
@@ -49,6 +54,18 @@ def parse_integer(raw: str, lo: int, hi: int) -> int | None:
         return None
     v = int(raw)
     return v if lo <= v <= hi else None
+
+
+def json_number(value: object, lo: float, hi: float, integer: bool = False) -> float | int | None:
+    """A number from a JSON body, finite and in [lo, hi] (an integer when ``integer``), or None.
+    ``true``/``false`` are not numbers here, though Python's ``bool`` is an ``int``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if integer and not isinstance(value, int):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value if lo <= value <= hi else None
 
 
 # ---- other origins: Host (DNS rebinding), Origin and Content-Type (cross-site requests) --------

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from .guards import DUMP_WAIT_MAX, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT
+from .guards import DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _OBJ = {"type": "object"}
@@ -36,6 +36,11 @@ def _op(summary: str, responses: dict[str, Any], params: list[dict[str, Any]] | 
     if public:
         op["security"] = []
     return op
+
+
+def _bounded(kind: str, limits: tuple[float, float, float], desc: str) -> dict[str, Any]:
+    default, lo, hi = limits
+    return {"type": kind, "minimum": lo, "maximum": hi, "default": default, "description": desc}
 
 
 def _q(name: str, schema: dict[str, Any], desc: str) -> dict[str, Any]:
@@ -115,6 +120,38 @@ def _schemas() -> dict[str, Any]:
                                          "detail": {"type": "string"}}}}]},
         "Dumps": {"type": "object", "required": ["dumps"],
                   "properties": {"dumps": {"type": "array", "items": _ref("Dump")}}},
+        "HeapRequest": {"type": "object", "additionalProperties": False, "properties": {
+            "seconds": _bounded("number", HEAP_SECONDS, "seconds to trace between the two snapshots"),
+            "frames": _bounded("integer", HEAP_FRAMES, "frames kept per traceback (when tracing is "
+                               "started here; a process that already traces keeps its own limit)"),
+            "top": _bounded("integer", HEAP_TOP, "growing sites to answer")}},
+        "HeapSite": {"type": "object", "required": ["site", "file", "line", "size_diff_bytes", "count_diff",
+                                                    "size_bytes", "count", "traceback", "traceback_at_limit"],
+                     "properties": {
+            "site": {"type": "string", "description": "file:line of the allocating frame"},
+            "file": {"type": "string"}, "line": {"type": "integer"},
+            "size_diff_bytes": {"type": "integer", "description": "growth of live bytes allocated here"},
+            "count_diff": {"type": "integer", "description": "growth of live blocks"},
+            "size_bytes": {"type": "integer", "minimum": 0}, "count": {"type": "integer", "minimum": 0},
+            "traceback": {"type": "array", "description": "oldest frame first; the last is the allocating one",
+                          "items": {"type": "object", "required": ["file", "line"], "properties": {
+                              "file": {"type": "string"}, "line": {"type": "integer"}}}},
+            "traceback_at_limit": {"type": "boolean", "description": "as many frames as the limit: "
+                                   "older frames may not have been traced"}}},
+        "HeapDiff": {"type": "object", "required": [
+            "seconds", "elapsed_seconds", "frames", "tracing_was_on", "stopped_early", "growth_bytes", "net_bytes",
+            "traced_bytes_before", "traced_bytes_after", "sites_grown", "sites", "dump", "dump_error"], "properties": {
+            "seconds": _NUM, "elapsed_seconds": _NUM, "frames": {"type": "integer", "minimum": 1},
+            "tracing_was_on": {"type": "boolean", "description": "tracemalloc already traced: reused, left on"},
+            "stopped_early": {"type": "boolean", "description": "the process shut down during the wait"},
+            "growth_bytes": {"type": "integer", "minimum": 0}, "net_bytes": {"type": "integer"},
+            "traced_bytes_before": {"type": "integer", "minimum": 0},
+            "traced_bytes_after": {"type": "integer", "minimum": 0},
+            "sites_grown": {"type": "integer", "minimum": 0},
+            "sites": {"type": "array", "items": _ref("HeapSite")},
+            "dump": {"oneOf": [_ref("Dump"), {"type": "null"}],
+                     "description": "the stored speedscope file of the growth (null if it could not be stored)"},
+            "dump_error": _NULLABLE_STR}},
         "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
         "Status": {"type": "object", "required": ["version", "torch_version", "models", "sources", "sampler",
                                                   "config", "started_unix"], "properties": {
@@ -199,6 +236,12 @@ def openapi_document() -> dict[str, Any]:
             "/v1/dumps": {
                 "get": _op("stored dumps", {"200": "dumps", **auth}, schema=_ref("Dumps")),
                 "post": dump_post},
+            "/v1/heap": {"post": _op(
+                "trace the Python heap (tracemalloc) for some seconds; the top growing allocation sites", {
+                    "200": "the growth, and the stored speedscope file", "400": "bad body field",
+                    "409": "another heap diff runs", "413": "body too large", **auth, **mutating},
+                body={"required": False, "content": {"application/json": {"schema": _ref("HeapRequest")}}},
+                schema=_ref("HeapDiff"))},
             "/v1/dumps/{id}": {"get": dump_get},
             "/openapi.json": {"get": _op("this document", {"200": "OpenAPI 3 document", **auth})},
         },

@@ -63,10 +63,12 @@ def hostile_json_values(schema: dict[str, Any]) -> list[str]:
         kinds.update(a["type"] if isinstance(a.get("type"), list) else [a.get("type")])
     wrong_types = {"null": "null", "boolean": "true", "array": "[]", "object": "{}"}
     out = [text for kind, text in wrong_types.items() if kind not in kinds]
-    if "number" in kinds:
+    if "integer" in kinds:
+        out += ["1.5", "2.0", "1e2"]
+    if kinds & {"number", "integer"}:
         out += ["NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1" + "0" * 400]
         out += ['"nan"', '"inf"', '"-inf"', '"Infinity"', '"1e999"', '"NaN"']
-        num = next(a for a in alts if a.get("type") == "number")
+        num = next(a for a in alts if a.get("type") in ("number", "integer"))
         if "minimum" in num:
             out += [json.dumps(num["minimum"] - 1)]
         if "maximum" in num:
@@ -146,6 +148,15 @@ def test_every_request_body_field_refuses_hostile_values(doc_and_client):
         if "requestBody" not in op:
             continue
         body_schema = op["requestBody"]["content"]["application/json"]["schema"]
+        if "$ref" in body_schema:
+            body_schema = doc["components"]["schemas"][body_schema["$ref"].rsplit("/", 1)[1]]
+        if "rules" not in body_schema["properties"]:  # a flat object of fields: each one hostile, alone
+            for field, schema in body_schema["properties"].items():
+                for value in hostile_json_values(schema):
+                    assert_refused(c.request(method, path, content=f'{{"{field}": {value}}}'.encode()), field)
+                    tried += 1
+                assert_reads_ok(doc, c)
+            continue
         item_ref = body_schema["properties"]["rules"]["items"]["$ref"]
         rule_schema = doc["components"]["schemas"][item_ref.rsplit("/", 1)[1]]
         for field, schema in rule_schema["properties"].items():
@@ -162,3 +173,4 @@ def test_every_request_body_field_refuses_hostile_values(doc_and_client):
         assert_refused(c.request(method, path, content=too_many.encode()), "rules")
     assert tried >= 60
     assert c.get("/v1/watchdog/rules").json() == in_force
+    assert c.get("/v1/dumps").json() == {"dumps": []}  # no refused POST made a dump

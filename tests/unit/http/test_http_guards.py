@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from memprof_otel.http.guards import accepts_gzip, host_allowed, host_name, media_type, parse_cursor, parse_integer, parse_number
+from memprof_otel.http.guards import (accepts_gzip, host_allowed, host_name, json_number, media_type, parse_cursor,
+                                     parse_integer, parse_number)
 
 
 @pytest.mark.parametrize("header,name", [
@@ -56,3 +57,15 @@ def test_media_type():
     ("*, gzip;q=0", False), ("gzip;q=junk", False), ("br;q=1, gzip ; q=0.001", True)])
 def test_accepts_gzip_honours_q_values(header: str, expected: bool) -> None:
     assert accepts_gzip(header) is expected
+
+
+@pytest.mark.parametrize("value", [True, False, None, "5", [5], {"v": 5}, float("nan"), float("inf"), -float("inf"),
+                                   0, 11, 10**400, 0.5])
+def test_json_number_refuses_wrong_types_non_finite_and_out_of_range(value):
+    assert json_number(value, 1, 10) is None
+
+
+def test_json_number_takes_in_range_numbers_and_integers_only_where_asked():
+    assert json_number(1, 1, 10) == 1 and json_number(10.0, 1, 10) == 10.0 and json_number(2.5, 1, 10) == 2.5
+    assert json_number(3, 1, 10, integer=True) == 3
+    assert json_number(3.0, 1, 10, integer=True) is None and json_number(True, 0, 10, integer=True) is None

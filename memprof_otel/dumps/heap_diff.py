@@ -1,0 +1,117 @@
+"""Python-heap growth between two tracemalloc snapshots: the top allocation sites and a speedscope file.
+
+Pure: the functions here take ``tracemalloc.Snapshot`` objects (or the sites made from them) and
+never start, stop or snapshot tracing themselves; ``heap_session.py`` does that. A *site* is one
+distinct traceback (``compare_to(..., "traceback")``); its allocating frame is the traceback's most
+recent one, shown as ``file:line``.
+
+Allocations whose allocating frame is in tracemalloc itself (the first snapshot's own lists), in the
+import machinery or in the excluded paths (memprof-otel's package: its own buffers) are left out,
+so the top of the list is the application's growth.
+"""
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .speedscope import build_speedscope
+
+MAX_SPEEDSCOPE_SITES = 5000   # sites in the flame graph; a process with more growing tracebacks keeps the largest
+AT_LIMIT_FRAME = "<frame limit: older frames not traced>"
+_ALWAYS_EXCLUDED = (tracemalloc.__file__, "<frozen importlib._bootstrap>",
+                    "<frozen importlib._bootstrap_external>", "<unknown>")
+
+
+@dataclass(frozen=True)
+class HeapSite:
+    """One traceback whose live Python memory changed between the snapshots."""
+
+    traceback: tuple[tuple[str, int], ...]   # (file, line), oldest first; the last is the allocating frame
+    size_diff: int        # bytes: live at the second snapshot minus live at the first
+    count_diff: int       # live blocks, likewise
+    size: int             # bytes live at the second snapshot
+    count: int            # blocks live at the second snapshot
+    at_limit: bool        # as many frames as the traceback limit: older frames may not have been traced
+
+    @property
+    def file(self) -> str:
+        return self.traceback[-1][0] if self.traceback else "<unknown>"
+
+    @property
+    def line(self) -> int:
+        return self.traceback[-1][1] if self.traceback else 0
+
+    @property
+    def site(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"site": self.site, "file": self.file, "line": self.line, "size_diff_bytes": self.size_diff,
+                "count_diff": self.count_diff, "size_bytes": self.size, "count": self.count,
+                "traceback": [{"file": f, "line": n} for f, n in self.traceback],
+                "traceback_at_limit": self.at_limit}
+
+
+@dataclass(frozen=True)
+class HeapDiff:
+    """What grew: ``sites`` are the top growing tracebacks, largest growth first; the totals cover
+    every traceback, not only the top ones."""
+
+    sites: tuple[HeapSite, ...]
+    growing: tuple[HeapSite, ...]   # every traceback that grew (up to MAX_SPEEDSCOPE_SITES), largest first
+    growth_bytes: int          # sum of the positive size differences
+    net_bytes: int             # sum of all size differences (growth minus what was freed)
+    traced_bytes_before: int   # live traced bytes in the first snapshot, after the exclusions
+    traced_bytes_after: int
+    sites_grown: int           # tracebacks whose live size grew
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"growth_bytes": self.growth_bytes, "net_bytes": self.net_bytes,
+                "traced_bytes_before": self.traced_bytes_before, "traced_bytes_after": self.traced_bytes_after,
+                "sites_grown": self.sites_grown, "sites": [s.to_dict() for s in self.sites]}
+
+
+def exclusion_filters(paths: Iterable[str] = ()) -> list[tracemalloc.Filter]:
+    """Filters that drop traces whose allocating frame is in tracemalloc, the import machinery or
+    one of ``paths`` (fnmatch patterns: ``/site/memprof_otel/*``)."""
+    return [tracemalloc.Filter(False, p) for p in (*_ALWAYS_EXCLUDED, *paths)]
+
+
+def _site(d: tracemalloc.StatisticDiff, limit: int) -> HeapSite:
+    # grouping by traceback keeps no per-trace frame total, so reaching the limit is what we can tell
+    tb = tuple((f.filename, f.lineno) for f in d.traceback)
+    return HeapSite(tb, d.size_diff, d.count_diff, d.size, d.count, len(tb) >= limit)
+
+
+def diff_snapshots(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, *, top: int,
+                   exclude: Sequence[str] = ()) -> HeapDiff:
+    """The ``top`` tracebacks whose live size grew most from ``before`` to ``after`` (both taken
+    with the same traceback limit), after dropping the excluded allocating frames."""
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    filters = exclusion_filters(exclude)
+    before, after = before.filter_traces(filters), after.filter_traces(filters)
+    diffs = after.compare_to(before, "traceback")
+    grown = sorted((d for d in diffs if d.size_diff > 0), key=lambda d: (-d.size_diff, -d.count_diff))
+    growing = tuple(_site(d, after.traceback_limit) for d in grown[:MAX_SPEEDSCOPE_SITES])
+    return HeapDiff(
+        sites=growing[:top], growing=growing,
+        growth_bytes=sum(d.size_diff for d in grown), net_bytes=sum(d.size_diff for d in diffs),
+        traced_bytes_before=sum(t.size for t in before.traces),
+        traced_bytes_after=sum(t.size for t in after.traces), sites_grown=len(grown))
+
+
+def heap_speedscope(diff: HeapDiff, name: str) -> dict[str, Any]:
+    """A speedscope file of the growth: one ``sampled`` profile in bytes, each growing traceback a
+    stack (oldest frame at the root, the allocating ``file:line`` at the leaf) weighted by its growth.
+    A traceback at the frame limit starts with a frame saying that older frames may be missing."""
+    stacks = []
+    for s in diff.growing:
+        frames = [f"{f}:{n}" for f, n in s.traceback]
+        if s.at_limit:
+            frames.insert(0, AT_LIMIT_FRAME)
+        stacks.append((frames, s.size_diff))
+    return build_speedscope(name, stacks, [], exporter="memprof-otel heap diff",
+                            measure="bytes grown")
