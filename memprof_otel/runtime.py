@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -24,8 +26,13 @@ from .attribution.torch.instrumentation import Instrumentation, live_instrumenta
 from .config import Config, ConfigError, DumpsConfig, load_config_tolerant
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
+from .errors import ServeError
+from .export.exposition_merge import OPENMETRICS
 from .export.otel import OtelExporter
 from .export.otel_observer import OtelForwardObserver
+from .export.prometheus import make_registry, render_exposition
+from .export.worker_snapshots import SnapshotWriter
+from .http.server import Server
 from .sources import registry
 from .sources.cuda import available_devices
 from .telemetry.operation_stats import OperationStats
@@ -105,6 +112,9 @@ class Runtime:
         self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
+        self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
+        self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
+        self._fork_hook = False
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
@@ -163,18 +173,109 @@ class Runtime:
         otel_changed = self.otel is not None and prev is not None and (
             prev.otel != cfg.otel or prev.service_name != cfg.service_name)
         if cfg.otel.enabled and (self.otel is None or otel_changed or meter_provider or tracer_provider):
+            self._otel_providers = (meter_provider, tracer_provider)
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
         self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
                                  span_event=self._span_event, dump_all=self._dump_all,
                                  count_dump=self.count_dump, callbacks=self.alert_callbacks)
         sampler.add_listener(self.watchdog.on_sample)
+        self._start_snapshots(cfg, sampler)
         self.sampler = sampler
         self.started_unix = time.time()
         sampler.start()
+        # after sampler.start(): at-fork hooks run in the order they were registered, and the
+        # sampler's (registered at its first start) must have re-armed it before ours asks for it
+        self._watch_forks()
         if not self._atexit:
             atexit.register(self.shutdown, 3.0)
             self._atexit = True
+
+    def _start_snapshots(self, cfg: Config, sampler: Sampler) -> None:
+        """Single-port mode (``workers.snapshot_dir``): write this process's series on sampler ticks."""
+        if self.snapshots is not None:
+            self.snapshots.remove()
+            self.snapshots = None
+        folder = cfg.workers.snapshot_dir
+        if folder is None:
+            return
+        registry = make_registry(self, layers=False)  # layer families: the fast writer, as a scrape
+        self.snapshots = SnapshotWriter(folder, cfg.workers.snapshot_interval,
+                                        lambda: render_exposition(self, registry, OPENMETRICS)[0],
+                                        self.count_export_error)
+        self.export_errors.setdefault("worker_snapshot", 0)
+        sampler.add_listener(self.snapshots.on_sample)
+
+    # ---- pre-fork servers (gunicorn --preload, multiprocessing) --------------------------------
+    def _watch_forks(self) -> None:
+        # Registered once, at the first start (importing stays free of side effects). A weak
+        # reference: a runtime built by a test and dropped is not kept alive by the hook.
+        if self._fork_hook or not hasattr(os, "register_at_fork"):
+            return
+        ref = weakref.WeakMethod(self._after_fork_in_child)
+
+        def hook() -> None:
+            if (fn := ref()) is not None:
+                fn()
+        os.register_at_fork(after_in_child=hook)
+        self._fork_hook = True
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child inherits the runtime but none of its threads, and would otherwise speak
+        as its parent: same ``service.instance.id``, the parent's pending exports, the parent's
+        counters. The sampler re-arms itself (telemetry/sampler.py); this renews the rest."""
+        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
+        self._series_cache = None
+        self.tracker.after_fork()
+        self.op_stats.after_fork()  # the parent's operations are the parent's series
+        if self.config is None:
+            return
+        for counter in (self.export_errors, self.dumps):  # events of the parent: start from 0
+            for key in counter:
+                counter[key] = 0
+        self.extra_ooms.clear()
+        if self.snapshots is not None:
+            self.snapshots.after_fork()
+        try:
+            self._renew_otel_in_child(self.config)
+        except Exception as e:  # the child must start whatever happens to telemetry
+            self.otel = None
+            self.tracker.spans = None
+            self.count_export_error("otel_setup")
+            rate_limited.warning("otel-fork", "memprof_otel: renewing OpenTelemetry after fork failed: %r", e)
+        self._renew_servers_in_child(self.config)
+
+    def _renew_otel_in_child(self, cfg: Config) -> None:
+        old = self.otel
+        if old is None or old.endpoint is None:
+            return  # providers the application gave (or the global ones): its SDK handles its fork
+        self.otel = None
+        self._start_otel(cfg, *self._otel_providers)  # a new service.instance.id, new SDK threads
+        self.tracker.spans = self.otel
+        # the old providers' exporters export nothing in this process (the parent's data, under the
+        # parent's identity): shutting them down only ends their threads, in the background
+        old.shutdown(0.0)
+
+    def _renew_servers_in_child(self, cfg: Config) -> None:
+        for srv in list(self.servers):
+            if not isinstance(srv, Server):
+                continue
+            if cfg.workers.snapshot_dir is not None:
+                srv.resume_in_child()  # any process answers on the one port, with every worker's series
+                continue
+            srv.release_in_child()
+            host, port, token, count, shared = srv.requested
+            if count > 1:  # a port per worker: this child takes the next free one of the range
+                try:
+                    Server(self, host, port, token, port_count=count, shared=shared)
+                except ServeError as e:
+                    log.warning("memprof_otel: this worker (pid %d) serves no endpoint: %s", os.getpid(), e)
+            else:
+                log.warning("memprof_otel: the endpoint on %s was started before this worker (pid %d) was "
+                            "forked; it stays with process %d and this worker serves none. Set "
+                            "workers.snapshot_dir to serve every worker's series on that port, or "
+                            "http.port_count to give each worker a port of its own.",
+                            srv.url, os.getpid(), os.getppid())
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:
@@ -263,6 +364,9 @@ class Runtime:
                 except Exception:
                     ok = False
             self.servers.clear()
+            if self.snapshots is not None:  # a worker that ends leaves the single-port view at once
+                self.snapshots.remove()  # (and writes no more, though the sampler ticks on a moment)
+                self.snapshots = None
             for fn in list(self._shutdown_hooks):
                 try:
                     fn(max(0.0, deadline - time.monotonic()))

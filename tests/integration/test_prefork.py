@@ -1,0 +1,272 @@
+"""memprof-otel in pre-fork servers, for real: forked children speak as themselves over OTLP, and a
+real gunicorn / uvicorn with two workers is scraped by a real Prometheus on one port.
+
+References are independent of our code: the OTLP receiver decodes with opentelemetry-proto; worker
+pids and their resident memory come from the process table (psutil); Prometheus stores what it
+scraped and answers PromQL."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import memprof_otel as mp
+from memprof_otel.metric_names import BY_PROM
+from tests.integration.demo_process import REPO, free_port_block, free_ports
+from tests.integration.otlp_receiver import OtlpReceiver, metrics_of, spans_of
+from tests.integration.prom_server import PromHandle, running_prometheus
+
+RSS = "memprof_process_resident_memory_bytes"
+
+
+# ---------------------------------------------------------------- forked children over OTLP
+
+def _child(i: int, q: Any) -> None:
+    with mp.operation("child-op", worker=i):
+        time.sleep(0.05)
+    time.sleep(0.6)  # a few of the child's own periodic exports
+    q.put(os.getpid())
+    mp.shutdown(3)  # multiprocessing ends a child with os._exit: no atexit flush
+
+
+@pytest.mark.timeout(60)
+def test_forked_children_export_their_own_data_under_their_own_instance_ids() -> None:
+    receiver = OtlpReceiver()
+    try:
+        # GIVEN monitoring with OTLP export started in the parent, which ends one operation
+        mp.start_monitoring({"otel": {"endpoint": receiver.url, "export_interval": "0.2s"},
+                             "sampler": {"interval": "0.1s"}})
+        with mp.operation("parent-op"):
+            pass
+        # WHEN two children are forked (the parent's span may still sit in its export queue) and
+        # each runs an operation of its own
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        children = [ctx.Process(target=_child, args=(i, q)) for i in range(2)]
+        for c in children:
+            c.start()
+        for c in children:
+            c.join(30)
+        assert [c.exitcode for c in children] == [0, 0]
+        pids = {q.get(timeout=5) for _ in children}
+        mp.shutdown(3)
+    finally:
+        receiver.close()
+
+    spans = spans_of(receiver.got("/v1/traces"))
+    by_name: dict[str, list[str]] = {}
+    for res, span in spans:
+        by_name.setdefault(span.name, []).append(str(res["service.instance.id"]))
+    # THEN each child's span went out under an instance id of its own, not the parent's
+    parent_ids = by_name.get("parent-op", [])
+    child_ids = by_name.get("child-op", [])
+    assert len(child_ids) == 2 and len(set(child_ids)) == 2, by_name
+    assert not set(child_ids) & set(parent_ids)
+    # AND the parent's span went out once, by the parent: no child exported it again
+    assert len(parent_ids) == 1, by_name
+    # AND each child pushed its own metrics under its id; the pid resource attribute is its own
+    metric_res: dict[str, set[str]] = {}
+    for res, m in metrics_of(receiver.got("/v1/metrics")):
+        metric_res.setdefault(str(res["service.instance.id"]), set()).add(m.name)
+    for cid in child_ids:
+        assert BY_PROM[RSS].otel in metric_res.get(cid, set()), f"child {cid} exported no metrics: {sorted(metric_res)}"
+    # AND a child's operation histogram holds only the child's operation, never the parent's
+    for res, m in metrics_of(receiver.got("/v1/metrics")):
+        if str(res["service.instance.id"]) in child_ids and m.HasField("histogram") and "operation" in m.name:
+            ops = {a.value.string_value for p in m.histogram.data_points for a in p.attributes
+                   if a.key == "operation"}
+            assert "parent-op" not in ops, (m.name, ops)
+    assert len(pids) == 2
+
+
+# ---------------------------------------------------------------- real pre-fork servers
+
+@contextmanager
+def running_server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(5)
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMPROF_OTEL_", "OTEL_"))}
+    env.update({"PYTHONPATH": str(REPO), "MEMPROF_OTEL_SAMPLER_INTERVAL": "0.25s", "WEB_CONCURRENCY": "1"})
+    env.update(extra)
+    return env
+
+
+def _workers(proc: subprocess.Popen[bytes], n: int, log: Path, timeout: float = 60.0) -> set[int]:
+    """The server's ``n`` worker pids (children running Python; not uvicorn's resource tracker)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kids = set()
+        for c in psutil.Process(proc.pid).children():
+            try:
+                cmd = c.cmdline()
+            except psutil.Error:
+                continue
+            if "resource_tracker" not in " ".join(cmd):
+                kids.add(c.pid)
+        if len(kids) == n:
+            return kids
+        assert proc.poll() is None and time.monotonic() < deadline, f"workers: {kids}\n{log.read_text()}"
+        time.sleep(0.2)
+
+
+def _worker_labels(prom: PromHandle, metric: str = RSS) -> dict[int, float]:
+    return {int(r["metric"]["worker"]): float(r["value"][1]) for r in prom.query(metric)}
+
+
+def _until(cond: Any, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.25)
+    return time.monotonic() - t0
+
+
+def _hit(url: str, n: int) -> None:
+    for _ in range(n):  # a new connection each time, so the workers share them
+        with urllib.request.urlopen(url, timeout=60) as r:  # noqa: S310 - workers may still be importing torch
+            r.read()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("preload", [True, False], ids=["preload", "no-preload"])
+def test_gunicorn_two_workers_one_port_prometheus_sees_both_and_drops_a_killed_one(
+        tmp_path: Path, preload: bool) -> None:
+    # GIVEN gunicorn with 2 workers, single-port mode on (a shared snapshot folder) and memprof's
+    # endpoint served from the app module: with --preload in the master before the fork (each
+    # worker serves the inherited socket), else in each worker (each binds the port, SO_REUSEPORT)
+    port, app_port = free_ports(2)
+    env = _env(tmp_path, PREFORK_SERVE="1", MEMPROF_OTEL_HTTP_PORT=str(port),
+               MEMPROF_OTEL_WORKERS_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
+               MEMPROF_OTEL_WORKERS_SNAPSHOT_INTERVAL="0.5s")
+    cmd = [sys.executable, "-m", "gunicorn", *(["--preload"] if preload else []), "-w", "2",
+           "-b", f"127.0.0.1:{app_port}", "--graceful-timeout", "3", "tests.integration.prefork_app:app"]
+    log = tmp_path / "gunicorn.log"
+    with running_server(cmd, env, log) as server, \
+            running_prometheus([f"127.0.0.1:{port}"], tmp_path) as prom:
+        workers = _workers(server, 2, log)
+        expected = workers | ({server.pid} if preload else set())  # a preloading master monitors too
+        _hit(f"http://127.0.0.1:{app_port}/", 6)
+
+        # WHEN Prometheus scrapes the one port
+        prom.query_until(f"count({RSS}) >= {len(expected)}", timeout=90, what="every process's series")
+        seen = _worker_labels(prom)
+
+        # THEN it has every worker's series, each labelled with its pid, through one target
+        assert set(seen) == expected, f"{seen}\n{log.read_text()}"
+        assert len({r["metric"]["instance"] for r in prom.query(RSS)}) == 1
+        # AND each worker's figure is that worker's own: its resident memory as the kernel reports it
+        for pid in workers:
+            rss = psutil.Process(pid).memory_info().rss
+            assert abs(seen[pid] - rss) / rss < 0.25, (pid, seen[pid], rss)
+        layers = prom.query('memprof_layer_forward_seconds_count{model="tiny"}')
+        assert {int(r["metric"]["worker"]) for r in layers} & workers, layers
+
+        # WHEN one worker is killed (no chance to remove its file); gunicorn starts a replacement
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+
+        # THEN its series leave Prometheus within a bounded time, and the replacement's arrive
+        gone = _until(lambda: not prom.query(f'{RSS}{{worker="{victim}"}}'), 15.0, "the killed worker's series gone")
+        replacement = _workers(server, 2, log) - workers
+        assert len(replacement) == 1
+        prom.query_until(f'{RSS}{{worker="{replacement.pop()}"}}', timeout=90, what="the replacement's series")
+        assert gone < 15.0 and time.monotonic() - t0 < 120
+        assert "Traceback" not in log.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_uvicorn_workers_with_the_mounted_endpoint(tmp_path: Path) -> None:
+    # GIVEN uvicorn --workers 2 serving memprof's ASGI app, without the single-port mode
+    app_port = free_ports(1)[0]
+    cmd = [sys.executable, "-m", "uvicorn", "tests.integration.prefork_app:asgi", "--workers", "2",
+           "--host", "127.0.0.1", "--port", str(app_port), "--log-level", "warning"]
+    log = tmp_path / "uvicorn-plain.log"
+    with running_server(cmd, _env(tmp_path), log) as server:
+        _workers(server, 2, log)
+        # WHEN it is scraped
+        _until(lambda: _get_ok(f"http://127.0.0.1:{app_port}/metrics"), 90, "the workers answering")
+        _hit(f"http://127.0.0.1:{app_port}/metrics", 4)
+        # THEN the worker that answered warns, once, that scrapes round-robin between workers
+        _until(lambda: "mounted in a server with 2 worker processes" in log.read_text(), 10, "the warning")
+    assert log.read_text().count("mounted in a server with") <= 2  # at most once per worker
+
+    # GIVEN the same with workers.snapshot_dir set
+    log = tmp_path / "uvicorn-single-port.log"
+    env = _env(tmp_path, MEMPROF_OTEL_WORKERS_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
+               MEMPROF_OTEL_WORKERS_SNAPSHOT_INTERVAL="0.5s")
+    with running_server(cmd, env, log) as server, \
+            running_prometheus([f"127.0.0.1:{app_port}"], tmp_path) as prom:
+        workers = _workers(server, 2, log)
+        # WHEN Prometheus scrapes the app's port
+        prom.query_until(f"count({RSS}) >= 2", timeout=90, what="both workers' series")
+        # THEN it sees both workers, whichever answers, and no warning was given
+        assert set(_worker_labels(prom)) == workers
+    assert "mounted in a server with" not in log.read_text()
+
+
+def _get_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:  # noqa: S310 - a local test server
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_gunicorn_preload_with_a_port_range_gives_each_worker_its_own_port(tmp_path: Path) -> None:
+    # GIVEN gunicorn --preload, 2 workers, memprof served from the master with http.port_count 3
+    base = free_port_block(3)
+    app_port = free_ports(1)[0]
+    env = _env(tmp_path, PREFORK_SERVE="1", MEMPROF_OTEL_HTTP_PORT=str(base), MEMPROF_OTEL_HTTP_PORT_COUNT="3")
+    cmd = [sys.executable, "-m", "gunicorn", "--preload", "-w", "2", "-b", f"127.0.0.1:{app_port}",
+           "--graceful-timeout", "3", "tests.integration.prefork_app:app"]
+    log = tmp_path / "gunicorn.log"
+    with running_server(cmd, env, log) as server:
+        workers = _workers(server, 2, log)
+        procs = {pid: psutil.Process(pid) for pid in {server.pid} | workers}
+
+        def listening() -> dict[int, set[int]]:
+            return {pid: {c.laddr.port for c in p.net_connections("tcp")
+                          if c.status == psutil.CONN_LISTEN and base <= c.laddr.port < base + 3}
+                    for pid, p in procs.items()}
+        _until(lambda: all(len(v) == 1 for v in listening().values()), 60, "one port each")
+        ports = listening()
+        # THEN the master and each worker listen on a port of the range of their own
+        assert sorted(p for v in ports.values() for p in v) == [base, base + 1, base + 2], ports
+        assert ports[server.pid] == {base}
+        # AND each port answers with the figures of the process that listens on it
+        for pid, (p,) in ports.items():
+            with urllib.request.urlopen(f"http://127.0.0.1:{p}/metrics", timeout=10) as r:  # noqa: S310
+                text = r.read().decode()
+            value = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(RSS + " "))
+            rss = psutil.Process(pid).memory_info().rss
+            assert abs(value - rss) / rss < 0.25, (pid, p, value, rss)
