@@ -20,14 +20,19 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 import memprof_otel as mp
+from memprof_otel.http.app import Request
 from memprof_otel.metric_names import BY_PROM
 from tests.integration.demo_process import REPO, free_port_block, free_ports
 from tests.integration.otlp_receiver import OtlpReceiver, metrics_of, spans_of
 from tests.integration.prom_server import PromHandle, running_prometheus
 
 RSS = "memprof_process_resident_memory_bytes"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 
 # ---------------------------------------------------------------- forked children over OTLP
@@ -88,6 +93,53 @@ def test_forked_children_export_their_own_data_under_their_own_instance_ids() ->
                    if a.key == "operation"}
             assert "parent-op" not in ops, (m.name, ops)
     assert len(pids) == 2
+
+
+# ---------------------------------------------------------------- the merge on a real exposition
+
+def _om_samples(text: str, worker: str | None = None) -> set[tuple[Any, ...]]:
+    out = set()
+    for fam in om_parse(text):
+        for s in fam.samples:
+            labels = {**s.labels, "worker": worker} if worker is not None else s.labels
+            out.add((fam.name, fam.type, fam.unit, s.name, frozenset(labels.items()), s.value))
+    return out
+
+
+def test_single_port_scrape_of_a_real_runtime_is_each_workers_exposition_labelled(tmp_path: Path) -> None:
+    # GIVEN a monitored process with an instrumented model and an operation, in single-port mode,
+    # and another worker's file (here: a copy of this process's exposition under another pid)
+    folder = tmp_path / "snapshots"
+    mp.start_monitoring({"workers": {"snapshot_dir": str(folder), "snapshot_interval": "0.1s"},
+                         "sampler": {"interval": "0.05s"}})
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    mp.instrument(model, name="mlp", every_n_forwards=1, overhead_budget=1.0)
+    with mp.operation("infer"):
+        model(torch.randn(4, 16))
+    own = folder / f"{os.getpid()}.om"
+    _until(lambda: own.exists() and b'operation="infer"' in own.read_bytes() and b'layer="2"' in own.read_bytes(),
+           10, "this process's file with the model's layers and the operation")
+    sibling = psutil.Process(os.getppid())  # a live process that writes no file of its own
+    copied = own.read_bytes()
+    (folder / f"{sibling.pid}.om").write_bytes(copied)
+
+    # WHEN /metrics is read in OpenMetrics (as Prometheus asks) and in the text format
+    ep = mp.wsgi_app().endpoint  # type: ignore[attr-defined]
+    om = ep.handle(Request("GET", "/metrics", headers={"accept": OPENMETRICS})).body.decode()
+    text = ep.handle(Request("GET", "/metrics", headers={})).body.decode()
+
+    # THEN it is the sibling's exposition and this process's, each sample labelled with its pid
+    got = _om_samples(om)
+    sibling_part = {x for x in got if ("worker", str(sibling.pid)) in x[4]}
+    assert sibling_part == _om_samples(copied.decode(), str(sibling.pid))
+    mine = {x for x in got if ("worker", str(os.getpid())) in x[4]}
+    assert {x[0] for x in mine} == {x[0] for x in sibling_part}  # the same families
+    assert len(got) == len(mine) + len(sibling_part)  # every sample has one of the two workers
+    layer = {x for x in mine if x[0] == "memprof_layer_peak_increase_bytes"}
+    assert {dict(x[4])["layer"] for x in layer} >= {"0", "2"}, layer
+    # AND the text format says the same in its own syntax
+    samples = {(s.name, frozenset(s.labels.items())) for f in text_parse(text) for s in f.samples}
+    assert {(x[3], x[4]) for x in sibling_part} <= samples
 
 
 # ---------------------------------------------------------------- real pre-fork servers

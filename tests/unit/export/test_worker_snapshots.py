@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from memprof_otel.export.exposition_merge import merge_expositions, encode
@@ -28,9 +29,18 @@ memprof_build_info{version="0.1.0"} 1.0
 # TYPE memprof_layer_forward_seconds summary
 memprof_layer_forward_seconds_count{device="cpu",layer="fc",model="m"} 3.0
 memprof_layer_forward_seconds_sum{device="cpu",layer="fc",model="m"} 0.5
+# HELP memprof_operation_duration_seconds Operation time.
+# TYPE memprof_operation_duration_seconds histogram
+# UNIT memprof_operation_duration_seconds seconds
+memprof_operation_duration_seconds_bucket{le="0.5",operation="embed"} 1.0 # {trace_id="ab12"} 0.3 1700000000.0
+memprof_operation_duration_seconds_bucket{le="+Inf",operation="embed"} 2.0
+memprof_operation_duration_seconds_count{operation="embed"} 2.0
+memprof_operation_duration_seconds_sum{operation="embed"} 1.3
+# HELP memprof_gpu GPUs.
+# TYPE memprof_gpu info
 # EOF
 """
-W2 = W1.replace(" 100.0", " 250.0").replace(" 2.0", " 0.0").replace("_count{device=\"cpu\",layer=\"fc\",model=\"m\"} 3.0",
+W2 = W1.replace(" 100.0", " 250.0").replace('prometheus"} 2.0', 'prometheus"} 0.0').replace("_count{device=\"cpu\",layer=\"fc\",model=\"m\"} 3.0",
                                                                       "_count{device=\"cpu\",layer=\"fc\",model=\"m\"} 7.0")
 
 
@@ -53,7 +63,30 @@ def test_merge_labels_every_sample_with_its_worker_and_keeps_one_family_per_name
     assert v[("memprof_layer_forward_seconds_count",
               frozenset({("device", "cpu"), ("layer", "fc"), ("model", "m"), ("worker", "7")}))] == 7.0
     assert v[("memprof_build_info", frozenset({("version", "0.1.0"), ("worker", "7")}))] == 1.0
-    assert len(v) == 2 * 5
+    assert len(v) == 2 * 9
+
+
+def _om_samples(text: str, worker: str | None = None) -> set[tuple]:
+    out = set()
+    for fam in om_parse(text):
+        for s in fam.samples:
+            labels = {**s.labels, "worker": worker} if worker is not None else s.labels
+            ex = (tuple(sorted(s.exemplar.labels.items())), s.exemplar.value) if s.exemplar else None
+            out.add((fam.name, fam.type, fam.unit, s.name, frozenset(labels.items()), s.value, ex))
+    return out
+
+
+def test_openmetrics_merge_is_what_parsing_each_worker_and_labelling_it_gives() -> None:
+    # the reference: prometheus_client's OpenMetrics parser on each worker's own text, the label
+    # added to every parsed sample; the merge is a text operation, checked against it
+    texts = {"11": W1, "7": W2}
+    merged = merge_expositions(texts)
+    body, ctype = encode(merged, "application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text")
+    expected = set().union(*(_om_samples(t, w) for w, t in texts.items()))
+    assert _om_samples(body.decode()) == expected
+    assert any(e[-1] == ((("trace_id", "ab12"),), 0.3) for e in expected)  # the exemplar survived
+    assert [f.name for f in om_parse(body.decode())].count("memprof_gpu") == 1  # an empty family kept once
 
 
 def test_merge_leaves_out_a_damaged_worker_whole_and_says_which() -> None:
