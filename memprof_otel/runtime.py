@@ -33,6 +33,7 @@ from .export.otel_observer import OtelForwardObserver
 from .export.prometheus import make_registry, render_exposition
 from .export.worker_snapshots import SnapshotWriter
 from .http.server import Server
+from .http.workers import parent_is_server
 from .sources import registry
 from .sources.cuda import available_devices
 from .telemetry.operation_stats import OperationStats
@@ -114,7 +115,7 @@ class Runtime:
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
-        self._fork_hook = False
+        self._fork_hooks: set[str] = set()
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
@@ -163,6 +164,7 @@ class Runtime:
         log.warning("memprof_otel: configuration value ignored, default kept: %s", err)
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+        self._watch_forks("state")
         prev, self.config = self.config, cfg
         self._series_cache = None  # a restart must not serve the previous run's figures
         self.op_stats.max_names = cfg.prometheus.max_operations
@@ -184,9 +186,7 @@ class Runtime:
         self.sampler = sampler
         self.started_unix = time.time()
         sampler.start()
-        # after sampler.start(): at-fork hooks run in the order they were registered, and the
-        # sampler's (registered at its first start) must have re-armed it before ours asks for it
-        self._watch_forks()
+        self._watch_forks("services")  # after sampler.start(): see _watch_forks
         if not self._atexit:
             atexit.register(self.shutdown, 3.0)
             self._atexit = True
@@ -207,43 +207,54 @@ class Runtime:
         sampler.add_listener(self.snapshots.on_sample)
 
     # ---- pre-fork servers (gunicorn --preload, multiprocessing) --------------------------------
-    def _watch_forks(self) -> None:
-        # Registered once, at the first start (importing stays free of side effects). A weak
-        # reference: a runtime built by a test and dropped is not kept alive by the hook.
-        if self._fork_hook or not hasattr(os, "register_at_fork"):
+    def _watch_forks(self, stage: str) -> None:
+        """Two at-fork hooks, each registered once (at the first start: importing stays free of side
+        effects). At-fork hooks run in the order they were registered, and the sampler registers
+        its own at its first start, re-arming its thread in the child: ``"state"`` (registered
+        before that) gives the child fresh locks and counters before the sampler thread can touch
+        them; ``"services"`` (after) renews exporters and the endpoint, and finds the sampler
+        running. A weak reference: a runtime built by a test and dropped is not kept alive."""
+        if stage in self._fork_hooks or not hasattr(os, "register_at_fork"):
             return
-        ref = weakref.WeakMethod(self._after_fork_in_child)
+        ref = weakref.WeakMethod(self._child_state if stage == "state" else self._child_services)
 
         def hook() -> None:
             if (fn := ref()) is not None:
-                fn()
+                try:
+                    fn()
+                except Exception as e:  # the child must start, whatever happens to telemetry
+                    rate_limited.warning("fork", "memprof_otel: renewing monitoring after fork failed: %r", e)
         os.register_at_fork(after_in_child=hook)
-        self._fork_hook = True
+        self._fork_hooks.add(stage)
 
-    def _after_fork_in_child(self) -> None:
-        """A forked child inherits the runtime but none of its threads, and would otherwise speak
-        as its parent: same ``service.instance.id``, the parent's pending exports, the parent's
-        counters. The sampler re-arms itself (telemetry/sampler.py); this renews the rest."""
-        self._lock = threading.RLock()  # another thread of the parent may have held it at the fork
+    def _child_state(self) -> None:
+        """A forked child inherits the parent's locks (maybe held by a thread it does not have)
+        and its counters (events of the parent: each child would count them again)."""
+        self._lock = threading.RLock()
         self._series_cache = None
         self.tracker.after_fork()
         self.op_stats.after_fork()  # the parent's operations are the parent's series
-        if self.config is None:
-            return
-        for counter in (self.export_errors, self.dumps):  # events of the parent: start from 0
+        for counter in (self.export_errors, self.dumps):
             for key in counter:
                 counter[key] = 0
         self.extra_ooms.clear()
         if self.snapshots is not None:
             self.snapshots.after_fork()
+
+    def _child_services(self) -> None:
+        """A forked child has none of the parent's threads and would otherwise speak as its
+        parent (same ``service.instance.id``, the parent's pending exports)."""
+        cfg = self.config
+        if cfg is None:
+            return
         try:
-            self._renew_otel_in_child(self.config)
-        except Exception as e:  # the child must start whatever happens to telemetry
+            self._renew_otel_in_child(cfg)
+        except Exception as e:
             self.otel = None
             self.tracker.spans = None
             self.count_export_error("otel_setup")
             rate_limited.warning("otel-fork", "memprof_otel: renewing OpenTelemetry after fork failed: %r", e)
-        self._renew_servers_in_child(self.config)
+        self._renew_servers_in_child(cfg)
 
     def _renew_otel_in_child(self, cfg: Config) -> None:
         old = self.otel
@@ -270,12 +281,13 @@ class Runtime:
                     Server(self, host, port, token, port_count=count, shared=shared)
                 except ServeError as e:
                     log.warning("memprof_otel: this worker (pid %d) serves no endpoint: %s", os.getpid(), e)
-            else:
-                log.warning("memprof_otel: the endpoint on %s was started before this worker (pid %d) was "
-                            "forked; it stays with process %d and this worker serves none. Set "
-                            "workers.snapshot_dir to serve every worker's series on that port, or "
-                            "http.port_count to give each worker a port of its own.",
-                            srv.url, os.getpid(), os.getppid())
+            else:  # a server's worker hears it; a DataLoader or pool worker need not
+                log.log(logging.WARNING if parent_is_server() else logging.DEBUG,
+                        "memprof_otel: the endpoint on %s was started before this worker (pid %d) was "
+                        "forked; it stays with process %d and this worker serves none. Set "
+                        "workers.snapshot_dir to serve every worker's series on that port, or "
+                        "http.port_count to give each worker a port of its own.",
+                        srv.url, os.getpid(), os.getppid())
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:

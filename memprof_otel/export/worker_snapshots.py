@@ -11,7 +11,6 @@ check, so the folder must be local to the host (a pod's ``emptyDir``), never sha
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable
 
@@ -122,14 +121,15 @@ def render_all_workers(own: bytes, folder: str, stale_after_s: float, accept: st
 class SnapshotWriter:
     """A sampler listener: every ``interval_s`` (at the next tick), renders this process's series
     and writes them to its file. The pid is read at each write, so a forked child writes its own
-    file, never its parent's. A failed write is counted, logged once a while, and retried."""
+    file, never its parent's. A failed write is counted, logged once a while, and retried. No lock:
+    one held by a parent thread at a fork would stop the child's sampler for good; the sampler
+    thread is the only writer, and ``remove()`` racing a write is undone by the write itself."""
 
     def __init__(self, folder: str, interval_s: float, render: Callable[[], bytes],
                  on_error: Callable[[str], None]) -> None:
         self.folder, self.interval_s = folder, interval_s
         self._render, self._on_error = render, on_error
         self._last = -float("inf")
-        self._lock = threading.Lock()
         self._removed = False
         self.written = 0
 
@@ -141,27 +141,27 @@ class SnapshotWriter:
         self.write()
 
     def write(self) -> None:
-        with self._lock:
-            if self._removed:
-                return
-            try:
-                write_snapshot(self.folder, os.getpid(), self._render())
-                self.written += 1
-            except Exception as e:  # disk full, folder gone: counted; monitoring goes on
-                self._on_error("worker_snapshot")
-                rate_limited.warning("worker-snapshot-write", "memprof_otel: writing this worker's "
-                                     "series to %s failed: %r", self.folder, e)
+        if self._removed:
+            return
+        pid = os.getpid()
+        try:
+            write_snapshot(self.folder, pid, self._render())
+            self.written += 1
+        except Exception as e:  # disk full, folder gone: counted; monitoring goes on
+            self._on_error("worker_snapshot")
+            rate_limited.warning("worker-snapshot-write", "memprof_otel: writing this worker's "
+                                 "series to %s failed: %r", self.folder, e)
+        if self._removed:  # remove() ran during the write: the file must not outlive it
+            remove_snapshot(self.folder, pid)
 
     def after_fork(self) -> None:
-        """In a forked child: the parent may have held the lock; write at the first tick."""
-        self._lock = threading.Lock()
+        """In a forked child: write at the first tick (the child is a worker of its own)."""
         self._last = -float("inf")
 
     def remove(self) -> None:
         """Remove this process's file and write no more (the process stops monitoring)."""
-        with self._lock:
-            self._removed = True
-            remove_snapshot(self.folder, os.getpid())
+        self._removed = True
+        remove_snapshot(self.folder, os.getpid())
 
 
 def _unlink(path: str) -> None:

@@ -81,6 +81,16 @@ def detect_workers() -> int:
         return 1
 
 
+def parent_is_server() -> bool:
+    """True when the parent process runs gunicorn, uvicorn or hypercorn (this process is one of its
+    workers, not, say, a DataLoader worker forked from a training script)."""
+    try:
+        parent = psutil.Process().parent()
+        return parent is not None and _is_server(parent.cmdline())
+    except psutil.Error:
+        return False
+
+
 def warn_if_round_robin(single_port: bool) -> bool:
     """Log one WARNING per process when the mounted endpoint runs in several workers without the
     single-port mode; True when it warned."""

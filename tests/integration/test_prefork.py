@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families as text_pars
 import memprof_otel as mp
 from memprof_otel.http.app import Request
 from memprof_otel.metric_names import BY_PROM
+from memprof_otel.runtime import runtime
 from tests.integration.demo_process import REPO, free_port_block, free_ports
 from tests.integration.otlp_receiver import OtlpReceiver, metrics_of, spans_of
 from tests.integration.prom_server import PromHandle, running_prometheus
@@ -93,6 +95,50 @@ def test_forked_children_export_their_own_data_under_their_own_instance_ids() ->
                    if a.key == "operation"}
             assert "parent-op" not in ops, (m.name, ops)
     assert len(pids) == 2
+
+
+def _child_writes_its_file(folder: str, q: Any) -> None:
+    path = Path(folder) / f"{os.getpid()}.om"
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    q.put(path.exists())
+    mp.shutdown(3)
+    q.put(path.exists())
+
+
+@pytest.mark.timeout(60)
+def test_a_child_forked_while_a_parent_thread_holds_the_runtimes_locks_keeps_monitoring(tmp_path: Path) -> None:
+    # GIVEN single-port mode, and a parent thread inside the operation statistics and the tracker
+    # (their locks held) at the moment of the fork
+    folder = str(tmp_path / "snapshots")
+    mp.start_monitoring({"workers": {"snapshot_dir": folder, "snapshot_interval": "0.1s"},
+                         "sampler": {"interval": "0.05s"}})
+    rt = runtime()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with rt.op_stats._lock, rt.tracker._lock:  # a scrape or a tick, caught mid-way
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    try:
+        # WHEN a child is forked then
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        child = ctx.Process(target=_child_writes_its_file, args=(folder, q))
+        child.start()
+    finally:
+        release.set()
+        t.join()
+    child.join(30)
+    # THEN the child's sampler runs through the scrape path (its own file appears) and its
+    # shutdown removes the file
+    assert child.exitcode == 0
+    assert q.get(timeout=5) is True, "the child never wrote its series: its sampler is stuck"
+    assert q.get(timeout=5) is False
 
 
 # ---------------------------------------------------------------- the merge on a real exposition
