@@ -8,9 +8,10 @@ processes.
 The merge works on the text, not through prometheus_client's parser: every file was written by this
 library's own writers (prometheus_client's OpenMetrics encoder and ``layer_exposition``), so a family
 is the lines from its ``# HELP`` to the next, and a sample line gets its label by an insertion after
-the metric name. Parsing and re-encoding every sample instead cost ~1.7 s per scrape at four workers
-of 1,000 layers, with full garbage collections that stall the answering worker's model thread (the
-same problem ``layer_exposition`` solves for one process). A client that asks for the Prometheus
+the metric name. Parsing and re-encoding every sample instead costs ~1.5 s per scrape at four
+workers of 1,000 layers, against ~45 ms for the text merge (docs/benchmarks.md), all of it holding
+the GIL the answering worker's model thread needs (the problem ``layer_exposition`` solves for one
+process). A client that asks for the Prometheus
 text format (0.0.4) gets the merged text through prometheus_client's parser and encoder: slower,
 but Prometheus itself asks for OpenMetrics.
 

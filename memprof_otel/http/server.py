@@ -66,14 +66,16 @@ def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
                                    environ.get("QUERY_STRING", ""), headers, body, environ.get("REMOTE_ADDR", "")))
 
 
-def wsgi_app(rt: EndpointServices, token: str | None = None, *,
-             bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
-    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
+def wsgi_app(rt: EndpointServices, token: str | None = None, *, bind_host: str | None = None,
+             mounted: bool = True) -> Callable[..., Iterable[bytes]]:
+    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...). ``mounted``:
+    in the application's server, whose workers share its port (``Server`` passes False)."""
     endpoint = Endpoint(rt, token=token, bind_host=bind_host)
-    check = _WorkerCheck(rt)
+    check = _WorkerCheck(rt) if mounted else None
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        check()
+        if check is not None:
+            check()
         resp = _wsgi_response(endpoint, environ)
         start_response(_status_line(resp.status), [("Content-Type", resp.content_type),
                                                    ("Content-Length", str(len(resp.body))),
@@ -272,7 +274,7 @@ class Server:
         self._rt = rt
         self.host = host
         self.requested = (host, port, token, port_count, shared)
-        app = wsgi_app(rt, token, bind_host=host)
+        app = wsgi_app(rt, token, bind_host=host, mounted=False)  # its own port: no sharing to warn about
         self._httpd = self._bind(app, host, port, port_count, shared)
         self.port = self._httpd.server_address[1]
         shown = f"[{host}]" if ":" in host else host

@@ -368,3 +368,5 @@ def test_gunicorn_preload_with_a_port_range_gives_each_worker_its_own_port(tmp_p
             value = next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(RSS + " "))
             rss = psutil.Process(pid).memory_info().rss
             assert abs(value - rss) / rss < 0.25, (pid, p, value, rss)
+    # AND no worker mistook its own port for a shared one
+    assert "mounted in a server with" not in log.read_text()
