@@ -6,7 +6,9 @@ receives its collaborators as arguments; only this module and the public API (``
 up the process runtime. Created on first use (import stays free of side effects).
 ``instrument()`` and ``operation()`` start it with the config they were given if nothing runs yet;
 ``start_monitoring(config)`` (re)starts it explicitly. ``shutdown()`` stops everything within a
-bounded time and also runs at interpreter exit.
+bounded time and also runs at interpreter exit. In a child forked from a monitored process
+(``gunicorn --preload``, ``multiprocessing``) it renews itself: its own identity, exporters and
+endpoint (``_watch_forks``).
 """
 from __future__ import annotations
 
