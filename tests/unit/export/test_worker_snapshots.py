@@ -89,6 +89,16 @@ def test_openmetrics_merge_is_what_parsing_each_worker_and_labelling_it_gives() 
     assert [f.name for f in om_parse(body.decode())].count("memprof_gpu") == 1  # an empty family kept once
 
 
+def test_a_sample_without_labels_but_with_an_exemplar_gets_the_label_before_its_value() -> None:
+    text = ("# HELP memprof_x Counted.\n# TYPE memprof_x counter\n"
+            'memprof_x_total 3.0 # {trace_id="ab"} 1.0 1700000000.0\n# EOF\n')
+    merged = merge_expositions({"5": text})
+    (fam,) = om_parse(merged.text)
+    (sample,) = fam.samples
+    assert sample.labels == {"worker": "5"} and sample.value == 3.0
+    assert sample.exemplar is not None and sample.exemplar.labels == {"trace_id": "ab"}
+
+
 def test_merge_leaves_out_a_damaged_worker_whole_and_says_which() -> None:
     merged = merge_expositions({"1": W1, "2": W1[: len(W1) // 2]})  # cut mid-file: no # EOF
     assert merged.unreadable == ["2"]
