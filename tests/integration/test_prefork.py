@@ -97,6 +97,32 @@ def test_forked_children_export_their_own_data_under_their_own_instance_ids() ->
     assert len(pids) == 2
 
 
+@pytest.mark.timeout(60)
+def test_an_instance_id_the_user_fixed_is_kept_by_forked_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a fixed service.instance.id through the standard variable (a pod name, say)
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=pod-7")
+    receiver = OtlpReceiver()
+    try:
+        mp.start_monitoring({"otel": {"endpoint": receiver.url, "export_interval": "0.2s"},
+                             "sampler": {"interval": "0.1s"}})
+        # WHEN two children are forked and each runs an operation
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        children = [ctx.Process(target=_child, args=(i, q)) for i in range(2)]
+        for c in children:
+            c.start()
+        for c in children:
+            c.join(30)
+        assert [c.exitcode for c in children] == [0, 0]
+        mp.shutdown(3)
+    finally:
+        receiver.close()
+    # THEN both children's spans carry the id the user set: the renewal does not override it
+    ids = [str(res["service.instance.id"]) for res, span in spans_of(receiver.got("/v1/traces"))
+           if span.name == "child-op"]
+    assert ids == ["pod-7", "pod-7"], ids
+
+
 def _child_writes_its_file(folder: str, q: Any) -> None:
     path = Path(folder) / f"{os.getpid()}.om"
     deadline = time.monotonic() + 10
