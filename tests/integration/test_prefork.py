@@ -48,7 +48,10 @@ def _child(i: int, q: Any) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_forked_children_export_their_own_data_under_their_own_instance_ids() -> None:
+def test_forked_children_export_their_own_data_under_their_own_instance_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the SDK's process detector puts process.pid in the resource, and updates it in a forked
+    # child: it tells which process sent an export, whatever service.instance.id it carries
+    monkeypatch.setenv("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "process")
     receiver = OtlpReceiver()
     try:
         # GIVEN monitoring with OTLP export started in the parent, which ends one operation
@@ -56,6 +59,10 @@ def test_forked_children_export_their_own_data_under_their_own_instance_ids() ->
                              "sampler": {"interval": "0.1s"}})
         with mp.operation("parent-op"):
             pass
+        delta = BY_PROM["memprof_operation_memory_delta_bytes"].otel
+        _until(lambda: any(m.name == delta for _, m in metrics_of(receiver.got("/v1/metrics"))), 10,
+               "the parent's first export with its operation")
+        before_fork = len(receiver.got("/v1/metrics"))
         # WHEN two children are forked (the parent's span may still sit in its export queue) and
         # each runs an operation of its own
         ctx = multiprocessing.get_context("fork")
@@ -88,6 +95,19 @@ def test_forked_children_export_their_own_data_under_their_own_instance_ids() ->
         metric_res.setdefault(str(res["service.instance.id"]), set()).add(m.name)
     for cid in child_ids:
         assert BY_PROM[RSS].otel in metric_res.get(cid, set()), f"child {cid} exported no metrics: {sorted(metric_res)}"
+    # AND nothing went out under the parent's id from a child: every export under it has the
+    # parent's operation (a child starts with no operations; the parent's inherited exporters, in a
+    # child, would send the child's figures as the parent's)
+    senders = {(str(res["service.instance.id"]), res["process.pid"])
+               for res, _ in metrics_of(receiver.got("/v1/metrics")[before_fork:])}
+    assert {pid for iid, pid in senders if iid in parent_ids} == {os.getpid()}, senders
+    # AND each process exported under one identity only (the parent's inherited providers, left to
+    # the SDK's own fork handling, would go on exporting the child's figures as a second instance)
+    ids_by_pid: dict[Any, set[str]] = {}
+    for iid, pid in senders:
+        ids_by_pid.setdefault(pid, set()).add(iid)
+    assert all(len(ids) == 1 for ids in ids_by_pid.values()), ids_by_pid
+    assert len(ids_by_pid) == 3, ids_by_pid  # the parent and two children
     # AND a child's operation histogram holds only the child's operation, never the parent's
     for res, m in metrics_of(receiver.got("/v1/metrics")):
         if str(res["service.instance.id"]) in child_ids and m.HasField("histogram") and "operation" in m.name:
