@@ -19,8 +19,9 @@ scrape each port (see deploy/prometheus/prometheus-multiworker.yml) or push OTLP
 has its own ``service.instance.id``. ``--workers N`` does this here: the parent binds the app port
 once, starts N worker processes that all accept on that socket (the kernel spreads connections),
 and forwards Ctrl-C/SIGTERM to them. Under another process manager (gunicorn, ``uvicorn
---workers``), give each worker a distinct ``WORKER_INDEX`` (e.g. set it in gunicorn's ``post_fork``
-hook) and, at the worker's startup, call ``mp.serve(port=base + WORKER_INDEX)`` as ``run_worker`` does.
+--workers``), which gives no worker index, set ``MEMPROF_OTEL_HTTP_PORT_COUNT=N`` (each worker's
+``mp.serve()`` takes the next free port) or ``MEMPROF_OTEL_WORKERS_SNAPSHOT_DIR`` (any worker's
+``/metrics`` serves every worker's series on one port).
 """
 from __future__ import annotations
 

@@ -377,6 +377,8 @@ class AttributionConfig:
 class HttpConfig:
     host: str = _f("127.0.0.1", _str(), "bind address")
     port: int = _f(9464, _int(0, 65535), "port (0 picks a free one)")
+    port_count: int = _f(1, _int(1, 1024), "ports tried from http.port on: the endpoint takes the first "
+                         "free one (a port per worker without a worker index)")
     token: str | None = _f(None, _str(optional=True), "bearer token for all routes but /metrics and /healthz")
     max_body_bytes: int = _f(1 << 20, _size, "largest request body accepted")
     allowed_hosts: tuple[str, ...] = _f((), _hosts, "Host names answered besides loopback names and the "
@@ -432,10 +434,20 @@ class CudaConfig:
                                 "every layer boundary (false: never reset it; peaks from our own ledger)")
 
 
+@dataclass(frozen=True)
+class WorkersConfig:
+    snapshot_dir: str | None = _f(None, _str(optional=True),
+                                  "folder shared by a server's worker processes (local to the host or pod): "
+                                  "each writes its series there and /metrics on any of them serves all")
+    snapshot_interval: float = _f(5.0, _duration(0.1, 3600.0),
+                                  "how often each worker rewrites its series file")
+
+
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
     "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
     "cuda": CudaConfig,
+    "workers": WorkersConfig,
 }
 
 
@@ -451,6 +463,7 @@ class Config:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     dumps: DumpsConfig = field(default_factory=DumpsConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form; the token is masked."""

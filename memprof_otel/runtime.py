@@ -6,7 +6,9 @@ receives its collaborators as arguments; only this module and the public API (``
 up the process runtime. Created on first use (import stays free of side effects).
 ``instrument()`` and ``operation()`` start it with the config they were given if nothing runs yet;
 ``start_monitoring(config)`` (re)starts it explicitly. ``shutdown()`` stops everything within a
-bounded time and also runs at interpreter exit.
+bounded time and also runs at interpreter exit. In a child forked from a monitored process
+(``gunicorn --preload``, ``multiprocessing``) it renews itself: its own identity, exporters and
+endpoint (``_watch_forks``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -26,8 +29,14 @@ from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, serv
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
+from .errors import ServeError
+from .export.exposition_merge import OPENMETRICS
 from .export.otel import OtelExporter
 from .export.otel_observer import OtelForwardObserver
+from .export.prometheus import make_registry, render_exposition
+from .export.worker_snapshots import SnapshotWriter
+from .http.server import Server
+from .http.workers import parent_is_server
 from .sources import registry
 from .sources.cuda import available_devices
 from .telemetry.operation_stats import OperationStats
@@ -109,6 +118,9 @@ class Runtime:
         self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
+        self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
+        self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
+        self._fork_hooks: set[str] = set()
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
@@ -157,6 +169,7 @@ class Runtime:
         log.warning("memprof_otel: configuration value ignored, default kept: %s", err)
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
+        self._watch_forks("state")
         prev, self.config = self.config, cfg
         self._series_cache = None  # a restart must not serve the previous run's figures
         self.op_stats.max_names = cfg.prometheus.max_operations
@@ -167,18 +180,119 @@ class Runtime:
         otel_changed = self.otel is not None and prev is not None and (
             prev.otel != cfg.otel or prev.service_name != cfg.service_name)
         if cfg.otel.enabled and (self.otel is None or otel_changed or meter_provider or tracer_provider):
+            self._otel_providers = (meter_provider, tracer_provider)
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
         self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
                                  span_event=self._span_event, dump_all=self._dump_all,
                                  count_dump=self.count_dump, callbacks=self.alert_callbacks)
         sampler.add_listener(self.watchdog.on_sample)
+        self._start_snapshots(cfg, sampler)
         self.sampler = sampler
         self.started_unix = time.time()
         sampler.start()
+        self._watch_forks("services")  # after sampler.start(): see _watch_forks
         if not self._atexit:
             atexit.register(self.shutdown, 3.0)
             self._atexit = True
+
+    def _start_snapshots(self, cfg: Config, sampler: Sampler) -> None:
+        """Single-port mode (``workers.snapshot_dir``): write this process's series on sampler ticks."""
+        if self.snapshots is not None:
+            self.snapshots.remove()
+            self.snapshots = None
+        folder = cfg.workers.snapshot_dir
+        if folder is None:
+            return
+        registry = make_registry(self, layers=False)  # layer families: the fast writer, as a scrape
+        self.snapshots = SnapshotWriter(folder, cfg.workers.snapshot_interval,
+                                        lambda: render_exposition(self, registry, OPENMETRICS)[0],
+                                        self.count_export_error)
+        self.export_errors.setdefault("worker_snapshot", 0)
+        sampler.add_listener(self.snapshots.on_sample)
+
+    # ---- pre-fork servers (gunicorn --preload, multiprocessing) --------------------------------
+    def _watch_forks(self, stage: str) -> None:
+        """Two at-fork hooks, each registered once (at the first start: importing stays free of side
+        effects). At-fork hooks run in the order they were registered, and the sampler registers
+        its own at its first start, re-arming its thread in the child: ``"state"`` (registered
+        before that) gives the child fresh locks and counters before the sampler thread can touch
+        them; ``"services"`` (after) renews exporters and the endpoint, and finds the sampler
+        running. A weak reference: a runtime built by a test and dropped is not kept alive."""
+        if stage in self._fork_hooks or not hasattr(os, "register_at_fork"):
+            return
+        ref = weakref.WeakMethod(self._child_state if stage == "state" else self._child_services)
+
+        def hook() -> None:
+            if (fn := ref()) is not None:
+                try:
+                    fn()
+                except Exception as e:  # the child must start, whatever happens to telemetry
+                    rate_limited.warning("fork", "memprof_otel: renewing monitoring after fork failed: %r", e)
+        os.register_at_fork(after_in_child=hook)
+        self._fork_hooks.add(stage)
+
+    def _child_state(self) -> None:
+        """A forked child inherits the parent's locks (maybe held by a thread it does not have)
+        and its counters (events of the parent: each child would count them again)."""
+        self._lock = threading.RLock()
+        self._series_cache = None
+        self.tracker.after_fork()
+        self.op_stats.after_fork()  # the parent's operations are the parent's series
+        for counter in (self.export_errors, self.dumps):
+            for key in counter:
+                counter[key] = 0
+        self.extra_ooms.clear()
+        if self.snapshots is not None:
+            self.snapshots.after_fork()
+
+    def _child_services(self) -> None:
+        """A forked child has none of the parent's threads and would otherwise speak as its
+        parent (same ``service.instance.id``, the parent's pending exports)."""
+        cfg = self.config
+        if cfg is None:
+            return
+        try:
+            self._renew_otel_in_child(cfg)
+        except Exception as e:
+            self.otel = None
+            self.tracker.spans = None
+            self.count_export_error("otel_setup")
+            rate_limited.warning("otel-fork", "memprof_otel: renewing OpenTelemetry after fork failed: %r", e)
+        self._renew_servers_in_child(cfg)
+
+    def _renew_otel_in_child(self, cfg: Config) -> None:
+        old = self.otel
+        if old is None or old.endpoint is None:
+            return  # providers the application gave (or the global ones): its SDK handles its fork
+        self.otel = None
+        self._start_otel(cfg, *self._otel_providers)  # a new service.instance.id, new SDK threads
+        self.tracker.spans = self.otel
+        # the old providers' exporters export nothing in this process (the parent's data, under the
+        # parent's identity): shutting them down only ends their threads, in the background
+        old.shutdown(0.0)
+
+    def _renew_servers_in_child(self, cfg: Config) -> None:
+        for srv in list(self.servers):
+            if not isinstance(srv, Server):
+                continue
+            if cfg.workers.snapshot_dir is not None:
+                srv.resume_in_child()  # any process answers on the one port, with every worker's series
+                continue
+            srv.release_in_child()
+            host, port, token, count, shared = srv.requested
+            if count > 1:  # a port per worker: this child takes the next free one of the range
+                try:
+                    Server(self, host, port, token, port_count=count, shared=shared)
+                except ServeError as e:
+                    log.warning("memprof_otel: this worker (pid %d) serves no endpoint: %s", os.getpid(), e)
+            else:  # a server's worker hears it; a DataLoader or pool worker need not
+                log.log(logging.WARNING if parent_is_server() else logging.DEBUG,
+                        "memprof_otel: the endpoint on %s was started before this worker (pid %d) was "
+                        "forked; it stays with process %d and this worker serves none. Set "
+                        "workers.snapshot_dir to serve every worker's series on that port, or "
+                        "http.port_count to give each worker a port of its own.",
+                        srv.url, os.getpid(), os.getppid())
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:
@@ -269,6 +383,9 @@ class Runtime:
                 except Exception:
                     ok = False
             self.servers.clear()
+            if self.snapshots is not None:  # a worker that ends leaves the single-port view at once
+                self.snapshots.remove()  # (and writes no more, though the sampler ticks on a moment)
+                self.snapshots = None
             for fn in list(self._shutdown_hooks):
                 try:
                     fn(max(0.0, deadline - time.monotonic()))

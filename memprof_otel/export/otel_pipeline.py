@@ -33,16 +33,21 @@ class GrpcExtraMissing(ImportError):
 
 
 class _CountingSpanExporter:
-    """Wraps a span exporter: a failed or raising export is counted, never raised."""
+    """Wraps a span exporter: a failed or raising export is counted, never raised. In a forked
+    child it exports nothing: what it holds is the parent's, under the parent's service.instance.id
+    (the parent sends it; the runtime builds the child an exporter of its own)."""
 
     def __init__(self, inner: Any, on_error: ErrorFn, name: str, target: str, failures: ExportFailureLog) -> None:
         self._inner, self._on_error, self._name, self._target = inner, on_error, name, target
         self._failures = failures
+        self._pid = os.getpid()
 
     def export(self, spans: Any) -> Any:
         # why: the OTel SDK loads only once we export through it
         from opentelemetry.sdk.trace.export import SpanExportResult
 
+        if os.getpid() != self._pid:
+            return SpanExportResult.SUCCESS
         with quiet_sdk_logs() as captured:
             try:
                 result = self._inner.export(spans)
@@ -81,12 +86,16 @@ def _counting_metric_exporter(inner: Any, on_error: ErrorFn, name: str, target: 
     # why: the OTel SDK loads only once we export through it
     from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
+    pid = os.getpid()
+
     class CountingMetricExporter(MetricExporter):
         def __init__(self) -> None:
             super().__init__(preferred_temporality=getattr(inner, "_preferred_temporality", None),
                              preferred_aggregation=getattr(inner, "_preferred_aggregation", None))
 
         def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> Any:
+            if os.getpid() != pid:  # a forked child: the parent's instance, as for spans above
+                return MetricExportResult.SUCCESS
             with quiet_sdk_logs() as captured:
                 try:
                     result = inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)

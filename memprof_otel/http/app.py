@@ -30,7 +30,9 @@ from ..attribution.torch.instrumentation import live_instrumentations
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.heap_session import HeapProfiler
 from ..dumps.service import DumpService
+from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
+from ..export.worker_snapshots import render_all_workers, stale_after_s
 from ..sources import registry
 from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
@@ -356,7 +358,15 @@ class Endpoint:
             # an OTLP-only deployment serves no unauthenticated route that shows its figures
             raise HttpError(404, "prometheus_disabled", "the Prometheus exposition is off "
                             "(prometheus.enabled: false); figures go out over OTLP only")
-        body, content_type = render_exposition(self.rt, self.registry, req.headers.get("accept", ""))
+        accept = req.headers.get("accept", "")
+        folder = cfg.workers.snapshot_dir if cfg is not None else None
+        if folder is None:
+            body, content_type = render_exposition(self.rt, self.registry, accept)
+        else:  # single-port mode: this worker's series, live, with every other live worker's file
+            own, _ = render_exposition(self.rt, self.registry, OPENMETRICS)
+            body, content_type = render_all_workers(
+                own, folder, stale_after_s(cfg.workers.snapshot_interval, cfg.sampler.interval), accept,
+                on_error=self.rt.count_export_error)
         # Prometheus asks for gzip; a 1,000-layer scrape shrinks ~13x (docs/benchmarks.md)
         if accepts_gzip(req.headers.get("accept-encoding", "")):
             return Response(200, gzip.compress(body, compresslevel=GZIP_LEVEL), content_type,

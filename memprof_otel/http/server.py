@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import email.errors
+import errno
 import socket
 import threading
 from http import HTTPStatus
@@ -21,6 +22,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer,
 
 from ..errors import ConfigError, ServeError
 from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
+from .workers import warn_if_round_robin
 
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
             403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
@@ -64,12 +66,16 @@ def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
                                    environ.get("QUERY_STRING", ""), headers, body, environ.get("REMOTE_ADDR", "")))
 
 
-def wsgi_app(rt: EndpointServices, token: str | None = None, *,
-             bind_host: str | None = None) -> Callable[..., Iterable[bytes]]:
-    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...)."""
+def wsgi_app(rt: EndpointServices, token: str | None = None, *, bind_host: str | None = None,
+             mounted: bool = True) -> Callable[..., Iterable[bytes]]:
+    """The endpoint as a WSGI application (mount it in gunicorn, Flask, Django...). ``mounted``:
+    in the application's server, whose workers share its port (``Server`` passes False)."""
     endpoint = Endpoint(rt, token=token, bind_host=bind_host)
+    check = _WorkerCheck(rt) if mounted else None
 
     def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if check is not None:
+            check()
         resp = _wsgi_response(endpoint, environ)
         start_response(_status_line(resp.status), [("Content-Type", resp.content_type),
                                                    ("Content-Length", str(len(resp.body))),
@@ -85,6 +91,7 @@ def asgi_app(rt: EndpointServices, token: str | None = None, *,
     """The endpoint as an ASGI application (mount it in FastAPI/Starlette: ``app.mount("/memprof", ...)``).
     Handlers run in a worker thread: a dump waiting for forwards never blocks the event loop."""
     endpoint = Endpoint(rt, token=token, bind_host=bind_host)
+    check = _WorkerCheck(rt)
 
     async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
         if scope["type"] == "lifespan":
@@ -121,7 +128,7 @@ def asgi_app(rt: EndpointServices, token: str | None = None, *,
                 path = path[len(root):] or "/"
             req = Request(scope.get("method", "GET"), path, scope.get("query_string", b"").decode("latin-1"),
                           headers, bytes(body), client)
-            resp = await asyncio.to_thread(endpoint.handle, req)
+            resp = await asyncio.to_thread(check.then, endpoint.handle, req)
         await send({"type": "http.response.start", "status": resp.status,
                     "headers": [(b"content-type", resp.content_type.encode()),
                                 (b"content-length", str(len(resp.body)).encode()),
@@ -132,13 +139,57 @@ def asgi_app(rt: EndpointServices, token: str | None = None, *,
     return app
 
 
+class _WorkerCheck:
+    """Once per mounted app, at its first request (the server's workers exist by then; at mount
+    time, in a preloading server, they do not): warn when the app runs in several worker processes
+    that each answer a share of the scrapes with only their own series."""
+
+    def __init__(self, rt: EndpointServices) -> None:
+        self._rt = rt
+        self._done = False
+
+    def __call__(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        cfg = self._rt.config
+        try:
+            warn_if_round_robin(cfg is not None and cfg.workers.snapshot_dir is not None)
+        except Exception:  # a hint only: never the reason a scrape fails
+            pass
+
+    def then(self, fn: Callable[[Request], Response], req: Request) -> Response:
+        self()
+        return fn(req)
+
+
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    reuse_port = False  # True: every worker binds the one port (single-port mode, workers.snapshot_dir)
+
+    def server_bind(self) -> None:
+        if self.reuse_port and hasattr(socket, "SO_REUSEPORT"):
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
 
 
 class _V6Server(_ThreadingWSGIServer):
     address_family = socket.AF_INET6
+
+
+class _SharedServer(_ThreadingWSGIServer):
+    reuse_port = True
+
+
+class _SharedV6Server(_V6Server):
+    reuse_port = True
+
+
+def _server_class(host: str, shared: bool) -> type[_ThreadingWSGIServer]:
+    if ":" in host:
+        return _SharedV6Server if shared else _V6Server
+    return _SharedServer if shared else _ThreadingWSGIServer
 
 
 # a header line without a colon, a continuation line first (others, e.g. a multipart content type
@@ -211,27 +262,65 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class Server:
-    """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager)."""
+    """A running endpoint: ``.port``, ``.url``, ``.close()`` (also a context manager).
 
-    def __init__(self, rt: EndpointServices, host: str, port: int, token: str | None) -> None:
+    ``port_count`` > 1: the first free port of ``port .. port + port_count - 1`` (a port per worker
+    process, without a worker index). ``shared``: bound with SO_REUSEPORT, so every worker of a
+    server binds the same port and any of them answers (single-port mode)."""
+
+    def __init__(self, rt: EndpointServices, host: str, port: int, token: str | None, *,
+                 port_count: int = 1, shared: bool = False) -> None:
         rt.ensure_started()
         self._rt = rt
         self.host = host
-        app = wsgi_app(rt, token, bind_host=host)
-        server_cls = _V6Server if ":" in host else _ThreadingWSGIServer
-        try:
-            self._httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
-        except OSError as e:  # port taken, address not on this host, no permission for a low port
-            raise ServeError(f"cannot serve on {host}:{port}: {e.strerror or e}") from e
+        self.requested = (host, port, token, port_count, shared)
+        app = wsgi_app(rt, token, bind_host=host, mounted=False)  # its own port: no sharing to warn about
+        self._httpd = self._bind(app, host, port, port_count, shared)
         self.port = self._httpd.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
         app.endpoint.base_url = ""  # type: ignore[attr-defined]
+        self._closed = False
+        self._start_thread()
+        rt.servers.append(self)
+
+    @staticmethod
+    def _bind(app: Any, host: str, port: int, port_count: int, shared: bool) -> _ThreadingWSGIServer:
+        ports = [port] if port == 0 or shared else list(range(port, min(65536, port + port_count)))
+        for i, p in enumerate(ports):
+            try:
+                return make_server(host, p, app, server_class=_server_class(host, shared),  # type: ignore[return-value]
+                                   handler_class=_QuietHandler)
+            except OSError as e:  # port taken, address not on this host, no permission for a low port
+                if e.errno == errno.EADDRINUSE and i + 1 < len(ports):
+                    continue  # a sibling worker has this one: try the next
+                where = f"{host}:{p}" if len(ports) == 1 else f"{host}:{ports[0]}..{ports[-1]} (all taken)"
+                raise ServeError(f"cannot serve on {where}: {e.strerror or e}") from e
+        raise ServeError(f"cannot serve on {host}:{port}: no port to try")  # unreachable: ports is never empty
+
+    def _start_thread(self) -> None:
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name=f"memprof-http-{self.port}", daemon=True)
         self._thread.start()
-        self._closed = False
-        rt.servers.append(self)
+
+    # ---- after fork: the child inherited the listening socket, not the thread that serves it
+    def resume_in_child(self) -> None:
+        """Serve the inherited socket from this process too: parent and children then share the
+        port, the kernel hands each connection to one of them (single-port mode)."""
+        if not self._closed:
+            self._start_thread()
+
+    def release_in_child(self) -> None:
+        """Close this process's copy of the inherited socket (the parent's stays open and served)."""
+        self._closed = True
+        try:
+            self._httpd.socket.close()
+        except OSError:
+            pass
+        try:
+            self._rt.servers.remove(self)
+        except ValueError:
+            pass
 
     def close(self, timeout: float = 2.0) -> None:
         if self._closed:
@@ -257,7 +346,9 @@ class Server:
 
 def serve(rt: EndpointServices, host: str | None = None, port: int | None = None,
           token: str | None = None) -> Server:
-    """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464)."""
+    """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464).
+    With ``http.port_count`` > 1 it takes the first free port from ``port`` on; with
+    ``workers.snapshot_dir`` set every worker binds the same port (SO_REUSEPORT)."""
     cfg = rt.ensure_started().config
     assert cfg is not None
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
@@ -265,4 +356,5 @@ def serve(rt: EndpointServices, host: str | None = None, port: int | None = None
     if host is not None and (not isinstance(host, str) or not host):
         raise ConfigError("http.host", f"must be a non-empty address, got {host!r}")
     return Server(rt, cfg.http.host if host is None else host, cfg.http.port if port is None else port,
-                  cfg.http.token if token is None else token)
+                  cfg.http.token if token is None else token, port_count=cfg.http.port_count,
+                  shared=cfg.workers.snapshot_dir is not None)

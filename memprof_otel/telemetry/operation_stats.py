@@ -96,6 +96,12 @@ class OperationStats:
         with self._lock:
             self._by_name.clear()
 
+    def after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's may have been held at the fork) and no
+        figures (the parent's operations are the parent's series, not this process's)."""
+        self._lock = threading.Lock()
+        self._by_name.clear()
+
 
 def _copy(h: Histogram) -> Histogram:
     c = Histogram(h.bounds)

@@ -56,6 +56,11 @@ class OperationTracker:
     def add_end_listener(self, fn: Callable[[OperationRecord], None]) -> None:
         self._on_end.append(fn)
 
+    def after_fork(self) -> None:
+        """In a forked child: another thread of the parent may have held the lock at the fork.
+        Open records stay (an operation open around the fork ends in the child that goes on)."""
+        self._lock = threading.Lock()
+
     # ---- records ---------------------------------------------------------------------------
     def begin(self, name: str, attributes: dict[str, Any], kind: str = "operation") -> OperationRecord:
         rss, allocs = self._read()
