@@ -107,7 +107,7 @@ def fragmentation_high(c: Ctx) -> Rule:
     return Rule(
         "MemprofFragmentationHigh",
         f"{c.m('memprof_allocator_fragmentation_ratio', NOT_CPU)} > {number(p['ratio'])}\n"
-        "and on(instance, job, device)\n"
+        "and on(instance, job, worker, device)\n"
         f"{c.m('memprof_allocator_reserved_bytes')} > {number(p['min_reserved_bytes'])}",
         "{{ $labels.device }} allocator at {{ $labels.instance }} is {{ $value | humanizePercentage }} fragmented",
         f"For {duration_words(p['for'])} {{{{ $value | humanizePercentage }}}} of the memory reserved by the "
@@ -158,16 +158,16 @@ def memory_full_in_1h(c: Ctx) -> Rule:
     return Rule(
         "MemprofMemoryFullIn1h",
         f"predict_linear({c.m('memprof_process_resident_memory_bytes')}[30m], 3600)\n"
-        f"  > on(instance, job) {c.m('memprof_process_memory_limit_bytes')}\n"
+        f"  > on(instance, job, worker) {c.m('memprof_process_memory_limit_bytes')}\n"
         "or\n"
         f"predict_linear({c.m('memprof_allocator_reserved_bytes', CUDA)}[30m], 3600)\n"
-        "  > on(instance, job, device)\n"
+        "  > on(instance, job, worker, device)\n"
         "    (\n"
         f"      {c.m('memprof_cuda_device_info', WHOLE_GPU)}\n"
-        f"        * on(instance, job, gpu_uuid) group_left() {c.m('memprof_gpu_memory_total_bytes')}\n"
+        f"        * on(instance, job, worker, gpu_uuid) group_left() {c.m('memprof_gpu_memory_total_bytes')}\n"
         "      or\n"
         f"      {c.m('memprof_cuda_device_info', MIG_SLICE)}\n"
-        f"        * on(instance, job, mig_uuid) group_left() {c.m('memprof_gpu_mig_memory_total_bytes')}\n"
+        f"        * on(instance, job, worker, mig_uuid) group_left() {c.m('memprof_gpu_mig_memory_total_bytes')}\n"
         "    )",
         "{{ if $labels.device }}{{ $labels.device }} allocator{{ else }}Process memory{{ end }} of "
         "{{ $labels.instance }} is on course to hit its limit within an hour",
@@ -188,7 +188,7 @@ def working_set_near_cgroup_limit(c: Ctx) -> Rule:
     return Rule(
         "MemprofWorkingSetNearCgroupLimit",
         f"{c.m('memprof_container_memory_working_set_bytes')}\n"
-        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}",
+        f"  / on(instance, job, worker) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}",
         "Working set of {{ $labels.instance }}'s container is {{ $value | humanizePercentage }} of its memory limit",
         f"The container (cgroup) of {{{{ $labels.instance }}}} has had a working set above {percent(p['ratio'])} "
         f"of its memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The "
@@ -223,8 +223,8 @@ def rss_near_cgroup_limit(c: Ctx) -> Rule:
     return Rule(
         "MemprofRssNearCgroupLimit",
         f"{c.m('memprof_process_resident_memory_bytes')}\n"
-        f"  / on(instance, job) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}\n"
-        f"unless on(instance, job) {c.m('memprof_container_memory_working_set_bytes')}",
+        f"  / on(instance, job, worker) {c.m('memprof_process_memory_limit_bytes')} > {number(p['ratio'])}\n"
+        f"unless on(instance, job, worker) {c.m('memprof_container_memory_working_set_bytes')}",
         "{{ $labels.instance }} uses {{ $value | humanizePercentage }} of its cgroup memory limit",
         f"Resident memory of {{{{ $labels.instance }}}} has been above {percent(p['ratio'])} of its cgroup "
         f"memory limit for {duration_words(p['for'])} ({{{{ $value | humanizePercentage }}}} now). The kernel "
@@ -279,8 +279,8 @@ def source_down(c: Ctx) -> Rule:
         f"{c.m('memprof_source_up', NOT_NVML)} == 0\n"
         "or\n"
         f"{c.m('memprof_source_up', NVML)} == 0\n"
-        "  and on(instance, job)\n"
-        f"  count by (instance, job) ({c.m('memprof_allocator_reserved_bytes', CUDA)})",
+        "  and on(instance, job, worker)\n"
+        f"  count by (instance, job, worker) ({c.m('memprof_allocator_reserved_bytes', CUDA)})",
         "memprof source {{ $labels.source }} of {{ $labels.instance }} is down",
         f"The {{{{ $labels.source }}}} memory source of {{{{ $labels.instance }}}} has failed every sample for "
         f"{duration_words(c.params['for'])}: the figures it feeds are missing or stale while the others "

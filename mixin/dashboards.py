@@ -289,9 +289,9 @@ def overview(q: Matchers) -> dict[str, Any]:
                     "MemprofWorkingSetNearCgroupLimit fires above 90%) and this process's RSS, as "
                     "shares of the cgroup memory limit. Empty when the process runs without a "
                     "memory limit.",
-                    [target(f"memprof_container_memory_working_set_bytes{{{q.base}}} / on(instance, job) "
+                    [target(f"memprof_container_memory_working_set_bytes{{{q.base}}} / on(instance, job, worker) "
                             f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}} working set"),
-                     target(f"memprof_process_resident_memory_bytes{{{q.base}}} / on(instance, job) "
+                     target(f"memprof_process_resident_memory_bytes{{{q.base}}} / on(instance, job, worker) "
                             f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}} RSS")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 8, 8),
         (stat("cgroup memory limit", "The cgroup memory limit the process runs under.",
