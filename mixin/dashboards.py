@@ -296,12 +296,16 @@ def overview(q: Matchers) -> dict[str, Any]:
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.9, RED))), 8, 8),
         (stat("cgroup memory limit", "The cgroup memory limit the process runs under.",
               [target(f"memprof_process_memory_limit_bytes{{{q.base}}}", "{{instance}}")], "bytes"), 4, 8),
-        (timeseries("Process CPU",
-                    "CPU time per second used by the process (user + system; 100% = one core), "
-                    "and the container's CPU quota in cores where one is set (the dashed line).",
-                    [target(f"rate(memprof_process_cpu_seconds_total{{{q.base}}}[1m])", "{{instance}} used"),
-                     target(f"memprof_container_cpu_limit_cores{{{q.base}}}", "{{instance}} quota")],
-                    "percentunit", overrides=[dashed_red("B")]), 12, 8),
+        (timeseries("Process CPU time",
+                    "CPU time per second used by the process (user + system; 100% = one core).",
+                    [target(f"rate(memprof_process_cpu_seconds_total{{{q.base}}}[1m])", "{{instance}}")],
+                    "percentunit"), 12, 8),
+        (timeseries("Process CPU utilisation",
+                    "CPU time over wall time, as a share of the container's CPU quota where one is "
+                    "set (memprof_container_cpu_limit_cores, capped by the CPUs the process may run "
+                    "on), else of the CPUs it may run on; at 100% the process is throttled.",
+                    [target(f"memprof_process_cpu_utilization_ratio{{{q.base}}}", "{{instance}}")],
+                    "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.95, RED))), 12, 8),
     ])
     allocator: Section = ("Allocator", [
         (timeseries("Allocator allocated / reserved",
