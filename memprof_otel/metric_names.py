@@ -50,6 +50,17 @@ METRICS: tuple[MetricDef, ...] = (
               "Allocator fragmentation (inactive split / reserved) during the layer's calls", _L),
     MetricDef("memprof_layer_forward_seconds", "memprof.layer.forward", "s", "summary",
               "Time in the layer's attributed forward calls", _L),
+    MetricDef("memprof_layer_surviving_bytes", "memprof.layer.surviving", "By", "gauge",
+              "Bytes of storages born in the layer during attributed forwards that are still alive", _L),
+    # leaks
+    MetricDef("memprof_memory_growth_bytes_per_second", "memprof.memory.growth", "By/s", "gauge",
+              "Theil-Sen slope of the floor (per-interval minimum) of the process RSS (source=process) "
+              "or of allocated bytes (source=allocator), after warm-up", ("source", "device")),
+    MetricDef("memprof_layer_growth_bytes_per_second", "memprof.layer.growth", "By/s", "gauge",
+              "Theil-Sen slope of the floor of the layer's surviving bytes, after warm-up", _L),
+    MetricDef("memprof_leak_suspected", "memprof.leak_suspected", "", "gauge",
+              "1 while the series' growth is significant (lower confidence bound and total growth over "
+              "thresholds)", ("source", "model", "layer", "device")),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),
