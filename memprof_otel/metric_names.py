@@ -58,9 +58,11 @@ METRICS: tuple[MetricDef, ...] = (
               "or of allocated bytes (source=allocator), after warm-up", ("source", "device")),
     MetricDef("memprof_layer_growth_bytes_per_second", "memprof.layer.growth", "By/s", "gauge",
               "Theil-Sen slope of the floor of the layer's surviving bytes, after warm-up", _L),
-    MetricDef("memprof_leak_suspected", "memprof.leak_suspected", "", "gauge",
-              "1 while the series' growth is significant (lower confidence bound and total growth over "
-              "thresholds)", ("source", "model", "layer", "device")),
+    MetricDef("memprof_memory_leak_suspected", "memprof.memory.leak_suspected", "", "gauge",
+              "1 while the growth of the process RSS (source=process) or of allocated bytes "
+              "(source=allocator) is significant, else 0", ("source", "device")),
+    MetricDef("memprof_layer_leak_suspected", "memprof.layer.leak_suspected", "", "gauge",
+              "1 while the growth of the layer's surviving bytes is significant, else 0", _L),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),

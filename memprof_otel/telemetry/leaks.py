@@ -8,8 +8,9 @@ figure of that tick; surviving bytes are read at the tick.
 Series published (names in ``metric_names``): the slopes as
 ``memprof_memory_growth_bytes_per_second{source,device}`` and
 ``memprof_layer_growth_bytes_per_second{model,layer,device}`` once a trend exists, and
-``memprof_leak_suspected{source,model,layer,device}`` (0 or 1) for every series watched, from its
-first reading, so an alert sees it go from 0 to 1.
+``memprof_memory_leak_suspected{source,device}`` and ``memprof_layer_leak_suspected{model,layer,device}``
+(0 or 1) for every series watched, from its first reading, so an alert sees it go from 0 to 1.
+Each flag has exactly the labels of the slope it qualifies: no label that is empty by construction.
 """
 from __future__ import annotations
 
@@ -76,30 +77,41 @@ class LeakWatch:
         with self._lock:
             return self._detector.trends()  # type: ignore[return-value]
 
-    def series(self) -> dict[str, list[tuple[Labels, float]]]:
+    def _current(self) -> tuple[list[WatchKey], dict[Any, Trend]]:
+        """Keys watched and their trends. Layers follow the surviving bytes now, not at the last
+        tick: an uninstrumented model's series leave at once, a new layer's flag shows at once (0)."""
+        live = self._surviving()
         with self._lock:
             keys: list[WatchKey] = self._detector.keys()  # type: ignore[assignment]
             trends = self._detector.trends()
+        keys = [k for k in keys if k.source != LAYER]
+        if self.cfg.enabled:
+            keys += [WatchKey(LAYER, m, layer, d) for (m, layer, d) in live]
+        return keys, trends
+
+    def series(self) -> dict[str, list[tuple[Labels, float]]]:
+        keys, trends = self._current()
         out: dict[str, list[tuple[Labels, float]]] = {
             "memprof_memory_growth_bytes_per_second": [], "memprof_layer_growth_bytes_per_second": [],
-            "memprof_leak_suspected": []}
+            "memprof_memory_leak_suspected": [], "memprof_layer_leak_suspected": []}
         for k in sorted(keys):
             tr = trends.get(k)
+            flag = 1.0 if tr is not None and tr.suspected else 0.0
+            if k.source == LAYER:
+                lab = {"model": k.model, "layer": k.layer, "device": k.device}
+                growth, suspected = "memprof_layer_growth_bytes_per_second", "memprof_layer_leak_suspected"
+            else:
+                lab = {"source": k.source, "device": k.device}
+                growth, suspected = "memprof_memory_growth_bytes_per_second", "memprof_memory_leak_suspected"
             if tr is not None:
-                if k.source == LAYER:
-                    out["memprof_layer_growth_bytes_per_second"].append(
-                        ({"model": k.model, "layer": k.layer, "device": k.device}, tr.slope))
-                else:
-                    out["memprof_memory_growth_bytes_per_second"].append(
-                        ({"source": k.source, "device": k.device}, tr.slope))
-            out["memprof_leak_suspected"].append((_labels(k), 1.0 if tr is not None and tr.suspected else 0.0))
+                out[growth].append((lab, tr.slope))
+            out[suspected].append((lab, flag))
         return out
 
     def report(self, top: int) -> dict[str, Any]:
         """What ``GET /v1/leaks`` answers: suspects, every trend, and the top surviving layers."""
+        keys, trends = self._current()
         with self._lock:
-            keys: list[WatchKey] = self._detector.keys()  # type: ignore[assignment]
-            trends = self._detector.trends()
             last = dict(self._last)
         watched = []
         for k in sorted(keys):
