@@ -17,7 +17,7 @@ from .promtool import report, run
 
 DASHBOARDS = ["memprof-overview.json", "memprof-layers.json", "memprof-operations.json"]
 MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "text"}
-ALLOWED_UNITS = {"bytes", "s", "percentunit", "ops", "short", "none"}
+ALLOWED_UNITS = {"bytes", "binBps", "s", "percentunit", "ops", "short", "none"}  # binBps: IEC bytes/s
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 LABEL_VARIABLES = {
     "instance": "label_values(memprof_build_info, instance)",

@@ -17,7 +17,7 @@ EXPECTED_ALERTS = {
     "MemprofGpuMemoryNearFull", "MemprofOutOfMemory", "MemprofAllocatorRetries",
     "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
     "MemprofRssNearCgroupLimit", "MemprofSamplerStale", "MemprofSamplerSlow",
-    "MemprofTargetDown", "MemprofWatchdogAlertFiring",
+    "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofMemoryLeakSuspected",
 }
 SEVERITIES = {"info", "warning", "critical"}
 
