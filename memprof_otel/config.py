@@ -398,7 +398,7 @@ class LeaksConfig:
     enabled: bool = _f(True, _bool, "fit growth trends on sampler ticks and flag suspected leaks")
     surviving: bool = _f(True, _bool, "track, per layer, the bytes of storages born in attributed "
                          "forwards that are still alive")
-    max_tracked_storages: int = _f(100_000, _int(0, 100_000_000), "surviving storages held at most "
+    max_tracked_storages: int = _f(20_000, _int(0, 100_000_000), "surviving storages held at most "
                                    "(past that the figure is a lower bound)")
     floor_interval: float = _f(30.0, _duration(0.01, 86400.0), "each trend point is the minimum "
                                "over this long (longer than one request)")

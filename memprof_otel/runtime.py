@@ -71,6 +71,11 @@ def _surviving_bytes() -> dict[tuple[str, str, str], int]:
             for (layer, device), n in h.surviving().items()}
 
 
+def _survivor_tables() -> dict[str, dict[str, int]]:
+    """Model -> its survivor table's counts (held, capacity, left out), where one is kept."""
+    return {name: h.survivors.counts() for name, h in live_instrumentations().items() if h.survivors is not None}
+
+
 def _torch_version() -> str:
     torch = sys.modules.get("torch")
     return str(getattr(torch, "__version__", "")) if torch is not None else ""
@@ -167,7 +172,7 @@ class Runtime:
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
         # before the watchdog's listener: a rule on a growth metric sees this tick's trends
-        self.leaks = LeakWatch(cfg.leaks, _surviving_bytes)
+        self.leaks = LeakWatch(cfg.leaks, _surviving_bytes, _survivor_tables)
         sampler.add_listener(self.leaks.on_sample)
         self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
                                  span_event=self._span_event, dump_all=self._dump_all,

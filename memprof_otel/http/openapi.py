@@ -114,7 +114,7 @@ def _schemas() -> dict[str, Any]:
                       "description": "null during warm-up and until enough floors exist"},
             "suspected": {"type": "boolean"}}},
         "Leaks": {"type": "object", "required": ["enabled", "suspects", "series", "top_surviving_layers",
-                                                 "params"], "properties": {
+                                                 "survivor_tables", "params"], "properties": {
             "enabled": {"type": "boolean"},
             "suspects": {"type": "array", "items": _ref("WatchedSeries")},
             "series": {"type": "array", "items": _ref("WatchedSeries")},
@@ -122,6 +122,12 @@ def _schemas() -> dict[str, Any]:
                 "type": "object", "required": ["model", "layer", "device", "surviving_bytes"], "properties": {
                     "model": {"type": "string"}, "layer": {"type": "string"}, "device": {"type": "string"},
                     "surviving_bytes": {"type": "integer"}}}},
+            "survivor_tables": {"type": "object", "description": "per model: storages held, the bound "
+                                "(leaks.max_tracked_storages), and survivors left out while it was full",
+                                "additionalProperties": {
+                                    "type": "object", "required": ["held", "capacity", "untracked_storages",
+                                                                   "untracked_bytes"],
+                                    "additionalProperties": {"type": "integer", "minimum": 0}}},
             "params": {"type": "object", "required": [
                 "floor_interval_seconds", "trend_window_seconds", "warmup_seconds",
                 "min_growth_rate_bytes_per_second", "min_growth_bytes", "confidence"],

@@ -86,6 +86,12 @@ class SurvivorTable:
         with self._lock:
             return len(self._held)
 
+    def counts(self) -> dict[str, int]:
+        """Storages held, the most that may be, and those left out because the table was full."""
+        with self._lock:
+            return {"held": len(self._held), "capacity": self.capacity, "untracked_storages": self.untracked,
+                    "untracked_bytes": self.untracked_bytes}
+
     def clear(self) -> None:
         """Forget every survivor (their weakrefs die with the table's references: no callbacks)."""
         with self._lock:

@@ -24,6 +24,7 @@ from .growth import GrowthDetector, GrowthParams, Trend
 
 Labels = dict[str, str]
 SurvivingFn = Callable[[], Mapping[tuple[str, str, str], int]]  # (model, layer, device) -> bytes
+TablesFn = Callable[[], Mapping[str, Mapping[str, int]]]        # model -> survivor table counts
 
 PROCESS, ALLOCATOR, LAYER = "process", "allocator", "layer"
 
@@ -58,9 +59,10 @@ def readings_of(sample: Sample, surviving: Mapping[tuple[str, str, str], int]) -
 class LeakWatch:
     """A sampler listener (``on_sample``) plus what the exporters and ``/v1/leaks`` read."""
 
-    def __init__(self, cfg: LeaksConfig, surviving: SurvivingFn) -> None:
+    def __init__(self, cfg: LeaksConfig, surviving: SurvivingFn, tables: TablesFn = dict) -> None:
         self.cfg = cfg
         self._surviving = surviving
+        self._tables = tables
         self._lock = threading.Lock()
         self._detector = GrowthDetector(params_of(cfg))
         self._last: dict[WatchKey, float] = {}
@@ -127,6 +129,9 @@ class LeakWatch:
             "series": watched,
             "top_surviving_layers": [{"model": m, "layer": layer, "device": d, "surviving_bytes": int(v)}
                                      for (m, layer, d), v in surviving[:top]],
+            # per model: storages held, the bound, and survivors left out (the figure is then a
+            # lower bound)
+            "survivor_tables": {m: dict(c) for m, c in sorted(self._tables().items())},
             "params": {"floor_interval_seconds": self.cfg.floor_interval,
                        "trend_window_seconds": self.cfg.trend_window, "warmup_seconds": self.cfg.warmup,
                        "min_growth_rate_bytes_per_second": self.cfg.min_growth_rate,
