@@ -235,6 +235,24 @@ def test_leak_of_1mib_per_100_forwards_is_flagged_in_its_layer_within_a_few_thou
     assert all(v == 0.0 for k, v in flags.items() if ("layer", "hoard") not in k)
 
 
+def test_under_sampled_attribution_the_leak_is_flagged_with_the_sampled_fraction_of_its_rate():
+    # every fourth forward attributed: surviving bytes grow by a quarter of the leak, so the window
+    # must be long enough for a quarter of the leak to pass min_growth_bytes (16 MiB)
+    model = Leaky()
+    h = mp.instrument(model, name="leaky", every_n_forwards=4, overhead_budget=1.0)
+    watch, tick = _watch(LeaksConfig(floor_interval=1.0, trend_window=90.0, warmup=2.0), [h])
+    x = torch.randn(4, 8)
+    for i in range(12_000):
+        model(x)
+        tick(i)
+        if _suspects(watch):
+            break
+    assert _suspects(watch) == {WatchKey(LAYER, "leaky", "hoard", "cpu")}
+    tr = watch.trends()[WatchKey(LAYER, "leaky", "hoard", "cpu")]
+    assert tr.slope == pytest.approx(LEAK_FLOATS * F32 / DT / 4, rel=0.05)
+    assert h.surviving()[("hoard", "cpu")] == math.ceil(len(model.hoard.kept) / 4) * LEAK_FLOATS * F32
+
+
 def test_tensor_kept_with_its_graph_is_flagged():
     model = WithKeeper()
     h = mp.instrument(model, name="graph", **EVERY)
