@@ -19,7 +19,13 @@ the same model object. Variants:
   whole per-op cost, without per-layer work);
 * ``every-forward``: memprof_otel with every forward attributed (``every_n_forwards=1``,
   ``overhead_budget=1.0``);
-* ``default``: memprof_otel as shipped (sampled under a 0.2 % budget).
+* ``default``: memprof_otel as shipped (sampled under a 0.2 % budget);
+* ``every-forward-no-survivors``: ``every-forward`` with ``leaks.surviving`` off (no surviving
+  bytes per layer: the ledger drops every weakref at the end of the forward, as before leak
+  detection existed);
+* ``survivors-on-vs-off``: both sides every-forward attributed, on one handle; the baseline side
+  without the survivor table, the measured side with it: the marginal cost of the surviving-bytes
+  bookkeeping itself (keeping the weakrefs of surviving storages, their deaths reported later).
 
 With ``--compiled``: a ``torch.compile``d GPT-2 prefill, plain compiled against ``instrument``ed
 compiled (default and every forward; compiled forwards get root-level figures only).
@@ -133,7 +139,9 @@ def _instrumented(name: str, model: Any, fn: Callable[[], None], variant: str, p
                   clock: Any) -> Any:
     """memprof_otel on ``model`` (``default`` or ``every-forward``) against the same model with
     the instrumentation paused, in paired blocks; uninstrumented afterwards."""
-    extra = {} if variant == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
+    extra: dict[str, Any] = {} if variant == "default" else {"every_n_forwards": 1, "overhead_budget": 1.0}
+    if variant == "every-forward-no-survivors":
+        extra["leaks"] = {"surviving": False}
     h = mp.instrument(model, name=f"cost-{variant}-{id(model)}", **extra)
     try:
         def plain() -> None:
@@ -145,6 +153,25 @@ def _instrumented(name: str, model: Any, fn: Callable[[], None], variant: str, p
             fn()
         return paired(name, plain, inst, pairs=pairs, block=block, clock=clock)
     finally:
+        h.uninstrument()
+
+
+def _survivors_on_vs_off(name: str, model: Any, fn: Callable[[], None], pairs: int, block: int,
+                         clock: Any) -> Any:
+    """Every forward attributed on both sides; only the survivor table differs (attached or not)."""
+    h = mp.instrument(model, name=f"cost-survivors-{id(model)}", every_n_forwards=1, overhead_budget=1.0)
+    table = h.survivors
+    try:
+        def off() -> None:
+            h.survivors = None  # ledgers built from here on keep nothing past their forward
+            fn()
+
+        def on() -> None:
+            h.survivors = table
+            fn()
+        return paired(name, off, on, pairs=pairs, block=block, clock=clock)
+    finally:
+        h.survivors = table
         h.uninstrument()
 
 
@@ -178,6 +205,8 @@ def run_eager(variants: list[str], threads: int, quick: bool, clock: Any) -> lis
                     r = paired(name, fn, _twin(fn), pairs=pairs, block=block, clock=clock)
                 elif v in FLOOR:
                     r = paired(name, fn, _wrapped(fn, *FLOOR[v]), pairs=pairs, block=block, clock=clock)
+                elif v == "survivors-on-vs-off":
+                    r = _survivors_on_vs_off(name, model, fn, pairs, block, clock)
                 else:
                     r = _instrumented(name, model, fn, v, pairs, block, clock)
                 print(r.row(), flush=True)

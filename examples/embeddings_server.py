@@ -83,6 +83,8 @@ def demo_config(host: str = "127.0.0.1", port: int = 9464, token: str | None = N
         "sampler": {"interval": "1s"},
         # a demo wants fresh layer figures; production keeps the 0.2 % default budget
         "attribution": {"overhead_budget": 0.05, "window": "15s"},
+        # and growth trends within seconds; production keeps the defaults (5 min warm-up, 30 s floors)
+        "leaks": {"warmup": "5s", "floor_interval": "1s", "trend_window": "1m"},
         "http": {"host": host, "port": port, "token": token},
         "watchdog": {"rules": default_rules()},
     }

@@ -443,11 +443,35 @@ class WorkersConfig:
                                   "how often each worker rewrites its series file")
 
 
+@dataclass(frozen=True)
+class LeaksConfig:
+    """Leak detection (docs/reference.md, "Leaks"): surviving bytes per layer on attributed forwards,
+    and a robust trend (Theil-Sen over the floor of each interval) of the process RSS, the
+    allocators' allocated bytes and the surviving bytes of each layer."""
+    enabled: bool = _f(True, _bool, "fit growth trends on sampler ticks and flag suspected leaks")
+    surviving: bool = _f(True, _bool, "track, per layer, the bytes of storages born in attributed "
+                         "forwards that are still alive")
+    max_tracked_storages: int = _f(20_000, _int(0, 100_000_000), "surviving storages held at most "
+                                   "(past that the figure is a lower bound)")
+    floor_interval: float = _f(30.0, _duration(0.01, 86400.0), "each trend point is the minimum "
+                               "over this long (longer than one request)")
+    trend_window: float = _f(900.0, _duration(0.05, 7 * 86400.0), "the trend is fitted over the "
+                             "floors of this last stretch of time")
+    warmup: float = _f(300.0, _duration(0.0, 7 * 86400.0), "readings this soon after a series "
+                       "first appears are left out of its trend")
+    min_growth_rate: float = _f(1024.0, _float(0.0, 1e15), "bytes per second the trend's lower "
+                                "confidence bound must exceed to flag a leak")
+    min_growth_bytes: int = _f(16 << 20, _size, "growth over the window (slope times span) needed "
+                               "to flag a leak")
+    confidence: float = _f(0.999, _float(0.5, 0.9999), "two-sided confidence of the slope's interval")
+
+
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
     "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
     "cuda": CudaConfig,
     "workers": WorkersConfig,
+    "leaks": LeaksConfig,
 }
 
 
@@ -464,6 +488,7 @@ class Config:
     dumps: DumpsConfig = field(default_factory=DumpsConfig)
     cuda: CudaConfig = field(default_factory=CudaConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
+    leaks: LeaksConfig = field(default_factory=LeaksConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form; the token is masked."""

@@ -67,6 +67,19 @@ METRICS: tuple[MetricDef, ...] = (
               "Allocator fragmentation (inactive split / reserved) during the layer's calls", _L),
     MetricDef("memprof_layer_forward_seconds", "memprof.layer.forward", "s", "summary",
               "Time in the layer's attributed forward calls", _L),
+    MetricDef("memprof_layer_surviving_bytes", "memprof.layer.surviving", "By", "gauge",
+              "Bytes of storages born in the layer during attributed forwards that are still alive", _L),
+    # leaks
+    MetricDef("memprof_memory_growth_bytes_per_second", "memprof.memory.growth", "By/s", "gauge",
+              "Theil-Sen slope of the floor (per-interval minimum) of the process RSS (source=process) "
+              "or of allocated bytes (source=allocator), after warm-up", ("source", "device")),
+    MetricDef("memprof_layer_growth_bytes_per_second", "memprof.layer.growth", "By/s", "gauge",
+              "Theil-Sen slope of the floor of the layer's surviving bytes, after warm-up", _L),
+    MetricDef("memprof_memory_leak_suspected", "memprof.memory.leak_suspected", "", "gauge",
+              "1 while the growth of the process RSS (source=process) or of allocated bytes "
+              "(source=allocator) is significant, else 0", ("source", "device")),
+    MetricDef("memprof_layer_leak_suspected", "memprof.layer.leak_suspected", "", "gauge",
+              "1 while the growth of the layer's surviving bytes is significant, else 0", _L),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),

@@ -39,6 +39,7 @@ from .http.server import Server
 from .http.workers import parent_is_server
 from .sources import registry
 from .sources.cuda import available_devices
+from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
 from .telemetry.operations import OperationTracker
 from .telemetry.sampler import Sampler, SourceSpec, check_gpus
@@ -78,7 +79,18 @@ def _cuda_devices() -> list[int]:
 def _layer_view(h: Instrumentation) -> LayerView:
     return LayerView(model=h.name, device=h.last_device, peaks=h.exported_layer_peaks(),
                      forward=h.layer_forward_totals(), overhead_seconds=h.overhead_seconds,
-                     events_dropped=h.events_dropped)
+                     events_dropped=h.events_dropped, surviving=h.surviving())
+
+
+def _surviving_bytes() -> dict[tuple[str, str, str], int]:
+    """(model, layer, device) -> surviving bytes, over every live instrumented model."""
+    return {(name, layer, device): n for name, h in live_instrumentations().items()
+            for (layer, device), n in h.surviving().items()}
+
+
+def _survivor_tables() -> dict[str, dict[str, int]]:
+    """Model -> its survivor table's counts (held, capacity, left out), where one is kept."""
+    return {name: h.survivors.counts() for name, h in live_instrumentations().items() if h.survivors is not None}
 
 
 def _torch_version() -> str:
@@ -108,6 +120,7 @@ class Runtime:
         self.config_errors: Counter[str] = Counter({"env": 0})
         self._config_errors_seen: set[str] = set()
         self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
+        self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
         self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump,
@@ -183,6 +196,9 @@ class Runtime:
             self._otel_providers = (meter_provider, tracer_provider)
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
+        # before the watchdog's listener: a rule on a growth metric sees this tick's trends
+        self.leaks = LeakWatch(cfg.leaks, _surviving_bytes, _survivor_tables)
+        sampler.add_listener(self.leaks.on_sample)
         self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
                                  span_event=self._span_event, dump_all=self._dump_all,
                                  count_dump=self.count_dump, callbacks=self.alert_callbacks)
@@ -460,6 +476,9 @@ class Runtime:
         out = build_series(latest, self.layer_views() if views is None else views, me, per_layer)
         if self.watchdog is not None:
             for name, rows in self.watchdog.series().items():
+                out.setdefault(name, []).extend(rows)
+        if self.leaks is not None:
+            for name, rows in self.leaks.series().items():
                 out.setdefault(name, []).extend(rows)
         for op, f in sorted(self.op_stats.snapshot().items()):
             out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))

@@ -64,6 +64,8 @@ def format_metric_value(metric: str, value: float) -> str:
     x = float(value)
     if x != x:  # NaN: a series with no number
         return "NaN"
+    if metric.endswith("_bytes_per_second"):
+        return format_bytes(x) + "/s"
     if "_bytes" in metric:
         return format_bytes(x)
     if metric.endswith("_ratio"):

@@ -153,6 +153,33 @@ def memory_baseline_growth(c: Ctx) -> Rule:
                 "the bytes configured; the value is the growth as a fraction (0.25 = +25%).")
 
 
+@alert("MemprofMemoryLeakSuspected")
+def memory_leak_suspected(c: Ctx) -> Rule:
+    f = duration_words(c.params["for"])
+    return Rule(
+        "MemprofMemoryLeakSuspected",
+        f"{c.m('memprof_memory_growth_bytes_per_second')}\n"
+        f"  and on(instance, job, worker, source, device) ({c.m('memprof_memory_leak_suspected')} == 1)\n"
+        "or\n"
+        f"{c.m('memprof_layer_growth_bytes_per_second')}\n"
+        f"  and on(instance, job, worker, model, layer, device) ({c.m('memprof_layer_leak_suspected')} == 1)",
+        "{{ if $labels.layer }}Layer {{ $labels.layer }} of {{ $labels.model }}{{ else if $labels.device }}"
+        "{{ $labels.device }} allocator{{ else }}Process memory{{ end }} at {{ $labels.instance }} looks like "
+        "a leak ({{ $value | humanize1024 }}B/s)",
+        "{{ if $labels.layer }}Tensors born in layer {{ $labels.layer }} of model {{ $labels.model }} "
+        "({{ $labels.device }}) during attributed forwards stay alive and keep adding up{{ else if $labels.device }}"
+        "The floor of memory allocated on {{ $labels.device }} keeps rising{{ else }}The floor of the "
+        "process's resident memory keeps rising{{ end }}: {{ $value | humanize1024 }}B/s, a significant "
+        f"trend for {f}. GET /v1/leaks on the endpoint shows the window it was measured over "
+        "and the layers with the most surviving bytes.",
+        comment="The in-process leak detector (docs/reference.md, \"Leaks\"): a Theil-Sen trend over the\n"
+                "per-interval floor of the RSS, of each allocator's allocated bytes and of each layer's\n"
+                "surviving bytes, flagged only when the slope is significant (its lower confidence bound and\n"
+                "the growth over the window past thresholds, three floors in a row). A sawtooth (a KV cache\n"
+                "dropped per request) and a plateau never raise the flag. The value is the slope in bytes/s.\n"
+                "MemprofMemoryBaselineGrowth is the PromQL-only view of the same question, on raw series.")
+
+
 @alert("MemprofMemoryFullIn1h")
 def memory_full_in_1h(c: Ctx) -> Rule:
     return Rule(

@@ -425,6 +425,26 @@ def layers(q: Matchers) -> dict[str, Any]:
                     [target(f"topk(10, max by (model, layer) (memprof_layer_fragmentation_ratio{{{q.layer_no_root}}}))",
                             "{{model}} {{layer}}")], "percentunit", max_one=True), 12, 9),
     ])
+    leaks: Section = ("Leaks", [
+        (timeseries("Memory growth rate",
+                    "Robust trend (Theil-Sen slope of the per-interval floor, after warm-up) of the process "
+                    "RSS, each allocator's allocated bytes, and the surviving bytes of the 10 fastest-growing "
+                    "layers. A sawtooth (a per-request cache) has a flat floor and a slope near 0; a leak "
+                    "a steady positive one. memprof_memory_leak_suspected / memprof_layer_leak_suspected "
+                    "flag the significant ones (alert MemprofMemoryLeakSuspected); GET /v1/leaks gives the "
+                    "windows they were measured over.",
+                    [target(f"max by (source, device) (memprof_memory_growth_bytes_per_second{{{q.base}}})",
+                            "{{source}} {{device}}"),
+                     target(f"topk(10, max by (model, layer) (memprof_layer_growth_bytes_per_second{{{q.layer}}}))",
+                            "{{model}} {{layer}}")], "binBps", min_zero=False), 12, 9),
+        (timeseries("Surviving bytes by layer",
+                    "Bytes of tensors born in each layer during attributed forwards that are still alive "
+                    "(10 largest). A sawtooth is a cache dropped per request; a staircase that never comes "
+                    "down is something keeping what the layer made. With sampled attribution this is a "
+                    "sample: about the attributed fraction of what all forwards leave.",
+                    [target(f"topk(10, max by (model, layer) (memprof_layer_surviving_bytes{{{q.layer}}}))",
+                            "{{model}} {{layer}}")], "bytes"), 12, 9),
+    ])
     all_layers: Section = ("All layers", [
         (table("Layer memory",
                "Every exported layer (the root module, layer empty, is the whole model).",
@@ -437,8 +457,9 @@ def layers(q: Matchers) -> dict[str, Any]:
     ])
     return dashboard(q, "layers", "Layers",
                      "Per-layer memory of instrumented models: each layer's transient peak, what it "
-                     "retains, its absolute peak, forward time, and fragmentation on CUDA.",
-                     [top, over_time, all_layers])
+                     "retains, its absolute peak, forward time, fragmentation on CUDA, and leaks "
+                     "(growth rates and surviving bytes by layer).",
+                     [top, over_time, leaks, all_layers])
 
 
 def operations(q: Matchers) -> dict[str, Any]:

@@ -52,6 +52,11 @@ class PeakTracker:
     def depth(self) -> int:
         return len(self._stack)
 
+    def innermost(self) -> str | None:
+        """The path of the innermost open frame (None when none is open)."""
+        stack = self._stack
+        return stack[-1][_PATH] if stack else None
+
     def enter(self, path: str, key: int, r: Reading, now_s: float) -> None:
         allocated, reserved, peak, allocations, frees, _frag, reserved_peak = r
         stack = self._stack

@@ -15,7 +15,9 @@ class LayerMemoryStats:
     ``peak_increase`` and ``peak_allocated`` and ``retained`` are maxima over calls;
     ``duration_ms`` is the total time of the attributed calls (``calls`` divides it).
     Allocation counts are exact where the counter counts (the CPU tensor ledger, CUDA's
-    allocator) and 0 where it cannot.
+    allocator) and 0 where it cannot. ``surviving_bytes`` is a level, now: bytes of storages born
+    in the layer during attributed forwards that are still alive (0 where the tensor ledger does
+    not run, e.g. plain CUDA attribution; see docs/reference.md, "Leaks").
     """
     layer_name: str
     calls: int
@@ -27,6 +29,7 @@ class LayerMemoryStats:
     total_allocations: int
     total_deallocations: int
     duration_ms: float
+    surviving_bytes: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

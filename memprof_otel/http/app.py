@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 
 from .._log import rate_limited
 from .._version import __version__
-from ..config import MAX_RULES, Config, ConfigError, HttpConfig, parse_rule
+from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
 from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId,
                      UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
@@ -34,13 +34,15 @@ from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
 from ..sources import registry
+from ..telemetry.leaks import LeakWatch
 from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
-from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT,
-                     TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip, host_allowed, is_loopback, json_number,
-                     make_cursor, media_type, parse_cursor, parse_integer, parse_number)
+from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+                     MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,
+                     host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,
+                     parse_number)
 from .openapi import openapi_document
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
@@ -60,6 +62,7 @@ class EndpointServices(ScrapeSource, Protocol):
     sampler: Sampler | None
     tracker: OperationTracker
     watchdog: Watchdog | None
+    leaks: LeakWatch | None
     dump_service: DumpService
     heap: HeapProfiler
     started_unix: float
@@ -254,6 +257,7 @@ class Endpoint:
             ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
+            ("GET", "/v1/leaks"): self.leaks,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
@@ -429,6 +433,13 @@ class Endpoint:
     def alerts(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog
         return json_response(200, {"alerts": wd.alerts() if wd is not None else []})
+
+    def leaks(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        top = _int_param(q, "top", LEAKS_DEFAULT_TOP, 1, LEAKS_MAX_TOP)
+        watch = self.rt.leaks
+        if watch is None:  # monitoring not started: nothing watched yet, the same document shape
+            watch = LeakWatch(LeaksConfig(enabled=False), dict)
+        return json_response(200, watch.report(top))
 
     def get_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog

@@ -16,6 +16,7 @@ MAX_NUMBER_CHARS = 32      # a query number longer than this is junk, whatever i
 MAX_NAME_CHARS = 256       # model names and other free strings in a query
 TIMELINE_DEFAULT_LIMIT = 500
 TIMELINE_MAX_LIMIT = 5000
+LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP = 10, 1000  # surviving layers GET /v1/leaks lists
 TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both lists together
 # longest ?wait= a dump request may block for: under the 60 s idle timeout of common proxies and
 # load balancers (nginx, AWS ALB), so a blocking call is answered (202 at worst) before they cut it

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from .guards import DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT
+from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+                     TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT)
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _OBJ = {"type": "object"}
@@ -158,6 +159,44 @@ def _schemas() -> dict[str, Any]:
             "version": {"type": "string"}, "models": {"type": "array", "items": _OBJ},
             "sources": _OBJ, "sampler": _OBJ, "config": {"type": ["object", "null"]}}},
         "Layers": {"type": "object", "required": ["models"], "properties": {"models": _OBJ}},
+        "Trend": {"type": "object", "required": [
+            "slope_bytes_per_second", "slope_low", "slope_high", "growth_bytes", "points", "window_start_unix",
+            "window_end_unix", "window_seconds", "last_floor_bytes", "significant", "suspected"], "properties": {
+            "slope_bytes_per_second": {**_NUM, "description": "Theil-Sen slope of the floors"},
+            "slope_low": {**_NUM, "description": "lower confidence bound of the slope"},
+            "slope_high": {**_NUM, "description": "upper confidence bound of the slope"},
+            "growth_bytes": {**_NUM, "description": "slope times the span of the floors fitted"},
+            "points": {"type": "integer", "minimum": 2}, "window_start_unix": _NUM, "window_end_unix": _NUM,
+            "window_seconds": {"type": "number", "minimum": 0}, "last_floor_bytes": _NUM,
+            "significant": {"type": "boolean", "description": "this fit alone passes the thresholds"},
+            "suspected": {"type": "boolean", "description": "3 fits in a row have"}}},
+        "WatchedSeries": {"type": "object", "required": ["source", "model", "layer", "device", "last_bytes",
+                                                         "trend", "suspected"], "properties": {
+            "source": {"type": "string", "enum": ["process", "allocator", "layer"]},
+            "model": {"type": "string"}, "layer": {"type": "string"}, "device": {"type": "string"},
+            "last_bytes": {**_NULLABLE_NUM, "description": "the reading of the last sampler tick"},
+            "trend": {"oneOf": [_ref("Trend"), {"type": "null"}],
+                      "description": "null during warm-up and until enough floors exist"},
+            "suspected": {"type": "boolean"}}},
+        "Leaks": {"type": "object", "required": ["enabled", "suspects", "series", "top_surviving_layers",
+                                                 "survivor_tables", "params"], "properties": {
+            "enabled": {"type": "boolean"},
+            "suspects": {"type": "array", "items": _ref("WatchedSeries")},
+            "series": {"type": "array", "items": _ref("WatchedSeries")},
+            "top_surviving_layers": {"type": "array", "items": {
+                "type": "object", "required": ["model", "layer", "device", "surviving_bytes"], "properties": {
+                    "model": {"type": "string"}, "layer": {"type": "string"}, "device": {"type": "string"},
+                    "surviving_bytes": {"type": "integer"}}}},
+            "survivor_tables": {"type": "object", "description": "per model: storages held, the bound "
+                                "(leaks.max_tracked_storages), and survivors left out while it was full",
+                                "additionalProperties": {
+                                    "type": "object", "required": ["held", "capacity", "untracked_storages",
+                                                                   "untracked_bytes"],
+                                    "additionalProperties": {"type": "integer", "minimum": 0}}},
+            "params": {"type": "object", "required": [
+                "floor_interval_seconds", "trend_window_seconds", "warmup_seconds",
+                "min_growth_rate_bytes_per_second", "min_growth_bytes", "confidence"],
+                "additionalProperties": _NUM}}},
         "Alerts": {"type": "object", "required": ["alerts"],
                    "properties": {"alerts": {"type": "array", "items": _OBJ}}},
     }
@@ -228,6 +267,12 @@ def openapi_document() -> dict[str, Any]:
                 schema=_ref("Timeline"))},
             "/v1/alerts": {"get": _op("alerts: pending / firing / resolved, since, value", {"200": "alerts", **auth},
                                       schema=_ref("Alerts"))},
+            "/v1/leaks": {"get": _op("leak suspects (process, allocators, layers), the trend of every series "
+                                     "watched with the window it was measured over, and the layers with "
+                                     "the most surviving bytes", {"200": "leaks", "400": "bad parameter", **auth},
+                                     [_q("top", {"type": "integer", "minimum": 1, "maximum": LEAKS_MAX_TOP,
+                                                 "default": LEAKS_DEFAULT_TOP},
+                                         "surviving layers listed")], schema=_ref("Leaks"))},
             "/v1/watchdog/rules": {
                 "get": _op("the threshold rules in force", {"200": "rules", **auth}, schema=_ref("Rules")),
                 "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule",

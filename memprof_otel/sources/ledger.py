@@ -17,7 +17,10 @@ ledger keeps the level of live storage bytes, relative to the moment it was push
   small buffer, ``resize_``), the growth is counted.
 
 ``close()`` drops every weakref at the end of the forward, so long-lived storages (parameters,
-caches) never accumulate callbacks across forwards.
+caches) never accumulate callbacks across forwards; with a ``SurvivorTable`` attached, the weakrefs
+of storages born in the forward that are still alive go to it instead (their birth layer is the
+``layer`` the attribution hooks set when the storage was born), and their deaths keep being
+reported there: surviving bytes per layer, for leak detection (``survivors.py``).
 
 Limits, written down in docs/design.md: scratch memory a single kernel allocates and frees inside
 itself (oneDNN/MKL workspaces, fused attention) is invisible; a storage born before the forward
@@ -37,6 +40,7 @@ import torch
 from .._torch_compat import TorchDispatchMode, dynamo_disable as _dynamo_disable
 from .._torch_compat import eval_frame_callback as _eval_frame_callback, skip_code as _skip_code
 from .base import Reading
+from .survivors import SurvivorTable
 
 AllocListener = Callable[[Any, int], None]  # (op overload, bytes) for each fresh storage
 
@@ -60,7 +64,7 @@ class _StorageRef(weakref.ref):
     where a list, a closure and its cell besides the weakref were four (more allocation, and more
     work for the garbage collector, on every fresh storage of an attributed forward)."""
 
-    __slots__ = ("key", "nbytes")
+    __slots__ = ("key", "nbytes", "layer")  # layer: the birth layer (None: born before the forward)
 
 
 class TensorLedger:
@@ -79,6 +83,11 @@ class TensorLedger:
         self.frees = 0
         self.listener: AllocListener | None = None
         self.closed = False
+        # the innermost attributed layer now (set by the attribution hooks on every layer enter
+        # and exit), recorded on each storage born; and where survivors go at close (None: nowhere)
+        self.layer: str | None = None
+        self.survivors: SurvivorTable | None = None
+        self.device_label = device_type
         # `t.device.type` costs 0.3 us per call; the is_cpu/is_cuda properties a fifth of that
         if device_type == "cpu":
             self._on_device: Callable[[torch.Tensor], bool] = lambda t: t.is_cpu
@@ -185,6 +194,7 @@ class TensorLedger:
         ref = _StorageRef(st, self._freed_cb)
         ref.key = key
         ref.nbytes = n
+        ref.layer = self.layer if born else None
         with self._lock:
             if self.closed or key in self._live:
                 return
@@ -204,13 +214,26 @@ class TensorLedger:
                 del self._live[ref.key]
                 self.current -= ref.nbytes
                 self.frees += 1
+                return
+        survivors = self.survivors
+        if survivors is not None:  # after close: a storage that outlived its forward died
+            survivors.release(ref)
 
     def close(self) -> None:
-        """Stop tracking: drop every weakref, so no callback outlives the forward."""
+        """Stop tracking: drop every weakref, so no callback outlives the forward, except those of
+        storages born in the forward and still alive when a ``SurvivorTable`` is attached: it
+        holds them, and their callbacks report their deaths to it."""
         with self._lock:
             self.closed = True
-            self._live.clear()
+            live, self._live = self._live, {}
             self._freed_cb = None  # drop the ledger -> bound method -> ledger cycle
+            self.listener = None   # a capture's observer: not kept alive by the survivors
+        survivors = self.survivors
+        if survivors is not None and live:
+            # outside our lock: a callback firing meanwhile finds nothing in ``_live`` and goes to
+            # the table, which skips or takes off whatever has died (see SurvivorTable.keep)
+            survivors.keep([r for r in live.values() if r.layer is not None], self.device_label)
+        live.clear()
 
 
 # ops whose return aliases their input by schema but whose input is a tensor just built outside the

@@ -59,6 +59,8 @@ class LayerView:
     forward: Mapping[str, tuple[float, int]]  # path -> (seconds total, calls)
     overhead_seconds: float
     events_dropped: int
+    # (layer, device) -> bytes of storages born there in attributed forwards, still alive
+    surviving: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,6 +123,10 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
             add("memprof_layer_retained_bytes", lab, f.retained)
             if f.fragmentation is not None:  # measured on CUDA only: absent, never a fake 0
                 add("memprof_layer_fragmentation_ratio", lab, f.fragmentation)
+        # not a fast-writer family (one series per layer that ever kept a storage, not per layer):
+        # written whatever ``per_layer`` says
+        for (path, device), n in sorted(v.surviving.items()):
+            add("memprof_layer_surviving_bytes", {"model": v.model, "layer": path, "device": device}, n)
         add("memprof_overhead_seconds_total", {"model": v.model}, v.overhead_seconds)
         add("memprof_events_dropped_total", {"model": v.model}, v.events_dropped)
     for name, up in sorted(me.sources_up.items()):

@@ -17,7 +17,7 @@ from .promtool import report, run
 
 DASHBOARDS = ["memprof-overview.json", "memprof-layers.json", "memprof-operations.json"]
 MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "text"}
-ALLOWED_UNITS = {"bytes", "s", "percentunit", "ops", "short", "none"}
+ALLOWED_UNITS = {"bytes", "binBps", "s", "percentunit", "ops", "short", "none"}  # binBps: IEC bytes/s
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
 # Each target variable lists its label's values among the series the ones before it select.
 _T = 'cluster=~"$cluster", namespace=~"$namespace", job=~"$job", pod=~"$pod", instance=~"$instance"'

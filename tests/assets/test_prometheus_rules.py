@@ -21,7 +21,7 @@ EXPECTED_ALERTS = {
     "MemprofFragmentationHigh", "MemprofMemoryBaselineGrowth", "MemprofMemoryFullIn1h",
     "MemprofRssNearCgroupLimit", "MemprofWorkingSetNearCgroupLimit", "MemprofContainerOomKilled",
     "MemprofSamplerStale", "MemprofSamplerSlow",
-    "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing",
+    "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing", "MemprofMemoryLeakSuspected",
 }
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 SEVERITIES = {"info", "warning", "critical"}

@@ -85,11 +85,14 @@ def value(samples: Mapping[str, list[tuple[dict[str, str], float]]], name: str, 
 
 
 def demo_ready(text: str) -> bool:
-    """MiniLM layer figures and at least one finished embed operation are exported."""
+    """MiniLM layer figures, at least one finished embed operation and the first growth trends
+    (process and layers: after the demo's short leak warm-up) are exported."""
     s = parse(text)
     layers = any(lab.get("model") == "minilm" for lab, _ in s.get("memprof_layer_peak_increase_bytes", []))
     embeds = value(s, "memprof_operation_duration_seconds_count", operation="embed") or 0
-    return layers and embeds > 0
+    growth = (value(s, "memprof_memory_growth_bytes_per_second", source="process") is not None
+              and any(lab.get("model") == "minilm" for lab, _ in s.get("memprof_layer_growth_bytes_per_second", [])))
+    return layers and embeds > 0 and growth
 
 
 @dataclass

@@ -78,6 +78,8 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
     mp.instrument(model, name="tree", every_n_forwards=1, overhead_budget=1.0)
     mp.start_monitoring({
         "sampler": {"interval": "100ms"},
+        # growth trends within seconds (by default they start after a 5-minute warm-up)
+        "leaks": {"warmup": "0s", "floor_interval": "200ms", "trend_window": "5s"},
         "dumps": {"dir": str(tmp_path / "dumps")},
         "otel": {"endpoint": f"http://127.0.0.1:{free_port()}", "export_interval": "200ms",
                  "export_timeout": "200ms"},
@@ -108,12 +110,14 @@ def test_real_prometheus_stores_every_spec_family(tmp_path: Path):
                     time.sleep(0.5)
             assert not missing, f"families Prometheus never stored: {missing}\n{prom.log_tail()}"
 
-            # with the labels docs/reference.md gives them (an empty value, the root layer "", is no label in Prometheus)
+            # with the labels docs/reference.md gives them (an empty value, the root layer "" or the
+            # process's device "", is no label in Prometheus)
             for d in expected:
                 for r in prom.query(promql(d)):
                     labels = set(r["metric"]) - {"__name__", "instance", "job"}
                     assert labels <= set(d.labels) | {"le", "quantile"}, (d.prom, labels)
-                    assert set(d.labels) - labels <= {"layer"}, (d.prom, r["metric"])
+                    may_be_empty = {"layer"} | ({"device"} if r["metric"].get("source") == "process" else set())
+                    assert set(d.labels) - labels <= may_be_empty, (d.prom, r["metric"])
             layers = {r["metric"].get("layer", "") for r in prom.query('memprof_layer_peak_increase_bytes{model="tree"}')}
             assert layers == {p for p, _ in model.named_modules()}
             ops = {r["metric"]["operation"] for r in prom.query("memprof_operation_duration_seconds_count")}

@@ -12,7 +12,7 @@ def test_all_is_sorted_and_resolves():
 def test_handle_methods_from_spec():
     for name in ("uninstrument", "layer_stats", "peak_memory_per_layer", "fragmentation_stats", "summary",
                  "print_summary", "export_timeline", "export_speedscope", "capture", "pause", "resume",
-                 "__enter__", "__exit__"):
+                 "surviving", "__enter__", "__exit__"):
         assert callable(getattr(mp.Instrumentation, name)), name
     for name in ("wait", "speedscope", "save"):
         assert callable(getattr(mp.Capture, name)), name
@@ -28,4 +28,5 @@ def test_error_hierarchy():
 def test_layer_stats_fields_match_spec():
     fields = set(mp.LayerMemoryStats.__dataclass_fields__)
     assert fields == {"layer_name", "calls", "peak_allocated", "peak_increase", "retained", "peak_reserved",
-                      "avg_fragmentation", "total_allocations", "total_deallocations", "duration_ms"}
+                      "avg_fragmentation", "total_allocations", "total_deallocations", "duration_ms",
+                      "surviving_bytes"}

@@ -60,7 +60,7 @@ _perf_counter = time.perf_counter
 
 class ForwardState:
     __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
-                 "on_error", "self_time_s", "listener", "_read", "_enter_t", "_exit_t")
+                 "on_error", "self_time_s", "listener", "births", "_read", "_enter_t", "_exit_t")
 
     def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
                  baseline: int, on_error: Callable[[str, BaseException], None],
@@ -77,6 +77,9 @@ class ForwardState:
         self.on_error = on_error
         self.self_time_s = 0.0
         self.listener: Any = None  # a deep capture's per-layer observer, when one runs
+        # the tensor ledger, when one runs: told the innermost layer on every enter and exit, so
+        # each storage it sees born carries its birth layer (surviving bytes per layer)
+        self.births: Any = None
         # bound once: these run on every module call of the forward
         self._read = counter.read_and_reset
         self._enter_t = self.tracker.enter
@@ -123,6 +126,8 @@ class ForwardState:
     def _enter(self, path: str, key: int, t: float) -> None:
         r = self._read()
         self._enter_t(path, key, r, t)
+        if self.births is not None:
+            self.births.layer = path
         if self.events is not None:
             self.events.append((t - self.origin_s, "layer_enter", path, r[0] + self.baseline))
 
@@ -130,6 +135,8 @@ class ForwardState:
         r = self._read()
         closed = self._exit_t(key, r, t, raised)
         self.calls += closed
+        if self.births is not None:
+            self.births.layer = self.tracker.innermost()
         if self.events is not None:
             at = t - self.origin_s
             level = r[0] + self.baseline

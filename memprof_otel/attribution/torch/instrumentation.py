@@ -7,6 +7,7 @@ pushes the tensor ledger; the root post-hook undoes both and folds the calls int
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import sys
@@ -39,6 +40,7 @@ from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
+from ...sources.survivors import SurvivorTable
 from ...timeline import OperationRecord, Sample
 from .observers import ForwardObserver
 
@@ -102,6 +104,9 @@ class Instrumentation:
         self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
         self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
         self._stats = LayerAccumulator()
+        # storages born in attributed forwards and still alive, per birth layer (leak detection)
+        self.survivors: SurvivorTable | None = (SurvivorTable(config.leaks.max_tracked_storages)
+                                                if config.leaks.surviving else None)
         self._windows = WindowedPeaks(acfg.window, time.perf_counter())
         # compact tuples (see forward_state), bounded by count and by bytes, whichever is smaller
         self._events: deque[tuple] = deque(maxlen=event_capacity(acfg.max_events, acfg.max_event_bytes))
@@ -238,6 +243,8 @@ class Instrumentation:
         with _live_lock:
             if _LIVE.get(self.name) is self:
                 del _LIVE[self.name]
+        if self.survivors is not None:
+            self.survivors.clear()  # drop the held weakrefs: nothing reads this table any more
 
     def __enter__(self) -> "Instrumentation":
         return self
@@ -251,7 +258,24 @@ class Instrumentation:
         return self.scheduler.state().attribution_seconds
 
     def layer_stats(self) -> dict[str, LayerMemoryStats]:
-        return self._stats.snapshot()
+        stats = self._stats.snapshot()
+        surviving = self.surviving_by_layer()
+        return {k: dataclasses.replace(v, surviving_bytes=surviving[k]) if k in surviving else v
+                for k, v in stats.items()}
+
+    def surviving(self) -> dict[tuple[str, str], int]:
+        """(layer, device) -> bytes of storages born there during attributed forwards that are
+        still alive now (empty with ``leaks.surviving`` off). Attributed forwards only: with a
+        sampling scheduler, a sample of what all forwards leave behind (docs/reference.md)."""
+        if self.survivors is None:
+            return {}
+        return {k: b for k, (b, _n) in self.survivors.surviving().items()}
+
+    def surviving_by_layer(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (layer, _device), b in self.surviving().items():
+            out[layer] = out.get(layer, 0) + b
+        return out
 
     def peak_memory_per_layer(self) -> dict[str, int]:
         return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
@@ -319,6 +343,8 @@ class Instrumentation:
                 self._count_error("observer", e)
 
     def reset_stats(self) -> None:
+        """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
+        memory alive now, not a history."""
         self._stats.clear()
         self._windows.clear()
         with self._events_lock:
@@ -529,7 +555,7 @@ class Instrumentation:
                 self._begin_compiled(module, path, t)  # root-level figures, the register untouched
                 return
             if (cap is not None or no_reset) and _LEDGER_DOWN is None:  # a capture's per-op view needs it too
-                mode = LedgerMode(TensorLedger("cuda"), on_error=lambda e: self._count_error("ledger", e))
+                mode = LedgerMode(self._ledger("cuda", device), on_error=lambda e: self._count_error("ledger", e))
                 max_entries = self.config.dumps.cuda_history_max_entries
                 if cap is not None and cap.history is None and max_entries > 0:  # on for the capture window only
                     cap.history = registry.cuda_history_recorder(device.index or 0, max_entries)
@@ -542,7 +568,7 @@ class Instrumentation:
             if _LEDGER_DOWN is not None:  # no TorchDispatchMode in this torch: root-level figures
                 self._begin_compiled(module, path, t)  # from the host heap, as for compiled code
                 return
-            counter = TensorLedger(device.type)
+            counter = self._ledger(device.type, device)
             mode = LedgerMode(counter, on_error=lambda e: self._count_error("ledger", e))
             host = registry.host_allocator()
             if host is not None:
@@ -551,6 +577,8 @@ class Instrumentation:
                 baseline = host.reading().allocated
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
                              self._count_error, record_events=self._events.maxlen != 0)
+        if mode is not None:
+            state.births = mode.ledger
         if cap is not None:
             state.listener = cap
             if mode is not None:
@@ -567,6 +595,13 @@ class Instrumentation:
         with self._open_lock:
             self._open[threading.get_ident()] = (state, mode)
         state.begin(t)
+
+    def _ledger(self, device_type: str, device: torch.device) -> TensorLedger:
+        ledger = TensorLedger(device_type)
+        if self.survivors is not None:
+            ledger.survivors = self.survivors
+            ledger.device_label = str(device)
+        return ledger
 
     def _begin_compiled(self, module: nn.Module, path: str, t: float) -> None:
         """A forward that runs compiled code: root-level figures only.
