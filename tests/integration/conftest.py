@@ -3,6 +3,7 @@ exporter, no instrumented model, no operation records."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,6 +30,16 @@ def clean_runtime():
         h.uninstrument()
     mp.shutdown(2)
     _reset()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[mp.Server]:
+    """The endpoint on a free port over a fast sampler (50 ms) and a dump folder of the test's own;
+    a module with other needs defines its own ``server``."""
+    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
+    srv = mp.serve(port=0)
+    yield srv
+    srv.close()
 
 
 @pytest.fixture

@@ -63,3 +63,13 @@ def wait_until(pred: Any, timeout: float = 10.0, what: str = "condition") -> Any
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
     return v
+
+
+def wait_for(pred: Any, timeout: float = 10.0, step: float = 0.02) -> bool:
+    """Poll ``pred`` until it is true or ``timeout`` passes; its last answer, as a bool."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())

@@ -77,14 +77,6 @@ def no_tracing_left() -> Iterator[None]:
         pytest.fail("tracemalloc was left tracing")
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[mp.Server]:
-    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
-    srv = mp.serve(port=0)
-    yield srv
-    srv.close()
-
-
 def heap(c: httpx.Client, body: Any = None, **kw: Any) -> httpx.Response:
     return c.post("/v1/heap", json={"seconds": 1} if body is None else body, timeout=70, **kw)
 

@@ -24,18 +24,10 @@ from memprof_otel.config import OtelConfig
 from memprof_otel.export.otel import OtelExporter
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
+from tests.integration.helpers import wait_for
 
 MiB = 1 << 20
 FAST = {"sampler": {"interval": "20ms"}}
-
-
-def wait_for(pred, timeout: float = 5.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 def wait_ticks(n: int) -> None:

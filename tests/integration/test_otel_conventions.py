@@ -19,6 +19,7 @@ from memprof_otel import __version__
 from memprof_otel.export.otel import MAX_RETIRED_MODELS
 from memprof_otel.runtime import runtime
 
+from .helpers import wait_for
 from .otlp_receiver import (OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, spans_of,
                             value_of)
 
@@ -53,15 +54,6 @@ def start(receiver, **otel) -> None:
     if service:
         cfg["service_name"] = service
     mp.start_monitoring(cfg)
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return bool(pred())
 
 
 def last_metrics(receiver) -> dict:

@@ -12,6 +12,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
+from .helpers import wait_for
 from .otlp_receiver import OtlpReceiver, attrs, metrics_of, spans_of
 
 @pytest.fixture
@@ -28,15 +29,6 @@ def clean_otel_env(monkeypatch):
                 "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_SDK_DISABLED"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def small_model() -> nn.Module:

@@ -44,14 +44,6 @@ pytestmark = pytest.mark.timeout(60)  # a server that hangs fails the test, not 
 
 # ---- helpers --------------------------------------------------------------------------------
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[mp.Server]:
-    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
-    srv = mp.serve(port=0)
-    yield srv
-    srv.close()
-
-
 def samples(text: str, openmetrics: bool = False) -> list[Any]:
     parse = parse_openmetrics if openmetrics else parse_text
     return [s for fam in parse(text) for s in fam.samples]
