@@ -23,26 +23,50 @@ def _file_mode() -> int:
     return 0o644
 
 
-def write_bytes_atomic(data: bytes, path: str | os.PathLike[str]) -> None:
-    """Temp file in the same folder, then rename: readers never see half a file."""
+def write_bytes_atomic(data: bytes, path: str | os.PathLike[str], *, private: bool = False,
+                       mtime: float | None = None, durable: bool = False, verb: str = "write") -> None:
+    """Temp file in the same folder, then rename: readers never see half a file.
+
+    ``private``: the file keeps mkstemp's 0600 (else open()'s mode under the umask); ``mtime``: set
+    before the rename, so the file appears with it; ``durable``: the data and (best effort) the
+    rename are synced to disk. An OSError is an ExportError saying ``cannot <verb> <path>``."""
     target = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(target))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=folder)
     except OSError as e:
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise ExportError(f"cannot {verb} {target}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            if hasattr(os, "fchmod"):
+            if not private and hasattr(os, "fchmod"):
                 os.fchmod(f.fileno(), _file_mode())
             f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        if mtime is not None:
+            os.utime(tmp, (mtime, mtime))
         os.replace(tmp, target)
     except OSError as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise ExportError(f"cannot write {target}: {e.strerror or e}") from None
+        raise ExportError(f"cannot {verb} {target}: {e.strerror or e}") from None
+    if durable:
+        _sync_folder(folder)
+
+
+def _sync_folder(folder: str) -> None:
+    """Make a rename in ``folder`` durable; not possible everywhere, and the file is whole anyway."""
+    try:
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
 
 
 def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DumpNotFound, ExportError, InvalidDumpId
+from ..files import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ class DumpStore:
                     break
             else:
                 raise ExportError(f"cannot save dump in {self.dir}: no free id")
-            self._write(target, body, now)
+            # 0600 like the folder; the mtime is the dump's time (listing and rotation sort on it)
+            write_bytes_atomic(body, target, private=True, mtime=now, durable=True, verb="save dump")
             _WRITTEN.add(self.dir, target.name)
             info = DumpInfo(dump_id, target, len(body), now, kind, _model_of(dump_id))
             self._rotate(keep=dump_id, protected=kind in PROTECTED_KINDS)
@@ -210,32 +212,6 @@ class DumpStore:
         """True when this process wrote the dump (and it is still there): rotation may remove it."""
         found = self._find(dump_id) if isinstance(dump_id, str) and ID_RE.fullmatch(dump_id) else None
         return found is not None and found.name in _WRITTEN.names(self.dir)
-
-    def _write(self, target: Path, body: bytes, now: float) -> None:
-        tmp = None
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".memprof-", suffix=".tmp", dir=self.dir)  # mode 0o600
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.utime(tmp, (now, now))
-            os.replace(tmp, target)
-        except OSError as e:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-            raise ExportError(f"cannot save dump {target}: {e.strerror or e}") from None
-        try:  # make the rename durable; not possible everywhere, and the dump is complete anyway
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError:
-            pass
 
     def _rotate(self, keep: str, protected: bool = False) -> None:
         """Remove the oldest dumps of the pool ``keep`` belongs to (OOM records or on-demand dumps)
