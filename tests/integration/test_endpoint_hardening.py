@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ def start(tmp_path: Path, http: dict[str, Any] | None = None, dumps: dict[str, A
     mp.start_monitoring({"sampler": {"interval": "50ms"}, "http": http or {},
                          "dumps": {"dir": str(tmp_path / "dumps"), **(dumps or {})}})
     return mp.serve(host=host, port=0)
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[mp.Server]:
-    srv = start(tmp_path)
-    yield srv
-    srv.close()
 
 
 def assert_json_error(r: httpx.Response, status: int, error: str | None = None) -> dict[str, Any]:

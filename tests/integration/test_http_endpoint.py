@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
 from tests import reference_doc, schemas
-from tests.integration.helpers import JSON_HEADERS, Traffic
+from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
 
 from .models import F32, Tree
 
@@ -45,17 +45,6 @@ def assert_error(r: httpx.Response, status: int, error: str | None = None) -> di
     if error is not None:
         assert body["error"] == error, body
     return body
-
-
-def wait_until(pred: Any, timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def scrape_values(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str], ...], float]:
