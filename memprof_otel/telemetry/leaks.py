@@ -79,9 +79,10 @@ class LeakWatch:
         with self._lock:
             return self._detector.trends()  # type: ignore[return-value]
 
-    def _current(self) -> tuple[list[WatchKey], dict[Any, Trend]]:
-        """Keys watched and their trends. Layers follow the surviving bytes now, not at the last
-        tick: an uninstrumented model's series leave at once, a new layer's flag shows at once (0)."""
+    def _current(self) -> tuple[list[WatchKey], dict[Any, Trend], Mapping[tuple[str, str, str], int]]:
+        """Keys watched, their trends, and the surviving bytes now. Layers follow the surviving
+        bytes now, not at the last tick: an uninstrumented model's series leave at once, a new
+        layer's flag shows at once (0)."""
         live = self._surviving()
         with self._lock:
             keys: list[WatchKey] = self._detector.keys()  # type: ignore[assignment]
@@ -89,10 +90,10 @@ class LeakWatch:
         keys = [k for k in keys if k.source != LAYER]
         if self.cfg.enabled:
             keys += [WatchKey(LAYER, m, layer, d) for (m, layer, d) in live]
-        return keys, trends
+        return keys, trends, live
 
     def series(self) -> dict[str, list[tuple[Labels, float]]]:
-        keys, trends = self._current()
+        keys, trends, _ = self._current()
         out: dict[str, list[tuple[Labels, float]]] = {
             "memprof_memory_growth_bytes_per_second": [], "memprof_layer_growth_bytes_per_second": [],
             "memprof_memory_leak_suspected": [], "memprof_layer_leak_suspected": []}
@@ -112,7 +113,7 @@ class LeakWatch:
 
     def report(self, top: int) -> dict[str, Any]:
         """What ``GET /v1/leaks`` answers: suspects, every trend, and the top surviving layers."""
-        keys, trends = self._current()
+        keys, trends, live = self._current()
         with self._lock:
             last = dict(self._last)
         watched = []
@@ -121,8 +122,7 @@ class LeakWatch:
             watched.append({**_labels(k), "last_bytes": last.get(k),
                             "trend": tr.to_dict() if tr is not None else None,
                             "suspected": bool(tr is not None and tr.suspected)})
-        live = self._surviving()  # now, not at the last tick
-        surviving = sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))
+        surviving = sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))  # now, not at the last tick
         return {
             "enabled": self.cfg.enabled,
             "suspects": [w for w in watched if w["suspected"]],
