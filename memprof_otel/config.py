@@ -430,8 +430,18 @@ class DumpsConfig:
 
 @dataclass(frozen=True)
 class CudaConfig:
-    reset_peak_stats: bool = _f(True, _bool, "per-layer CUDA peaks from torch's peak register, reset at "
-                                "every layer boundary (false: never reset it; peaks from our own ledger)")
+    attribution: str = _f("boundary_reads", _str(choices=("boundary_reads", "trace")),
+                          "how attributed CUDA forwards measure layers: boundary_reads = an allocator-"
+                          "statistics read at every module boundary (exact against torch's allocated "
+                          "bytes; a forward that overlaps another is dropped and counted); trace = torch's "
+                          "allocator trace, one snapshot per forward (cheaper, exact per thread, torch's "
+                          "peak counters untouched; figures in requested bytes, see docs/design.md)")
+    trace_max_entries: int = _f(200_000, _int(1_000, 10_000_000),
+                                "allocator-trace ring size while traced forwards run (a forward whose "
+                                "events overflow it is dropped and counted)")
+    reset_peak_stats: bool = _f(True, _bool, "boundary_reads only: per-layer CUDA peaks from torch's peak "
+                                "register, reset at every layer boundary (false: never reset it; peaks "
+                                "from our own ledger)")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ __all__ = ["CudaAllocatorSource", "CudaPeakWatch", "ResetPeakFn", "StatsFn", "av
            "device_uuids"]
 
 StatsFn = Callable[[int], Mapping[str, Any]]
+_new_reading = tuple.__new__  # Reading(...) through its Python __new__ costs 3x more
 ResetPeakFn = Callable[[int], None]
 
 
@@ -178,12 +179,37 @@ class CudaAllocatorSource:
             self._reset_peak_fn(self.device_index)
 
     def read_and_reset(self) -> Reading:
-        """One stats read for a per-layer hook: the reading, folded, then the peak reset."""
+        """One stats read for a per-layer hook: the reading, folded, then the peak reset.
+
+        The per-boundary hot path (``cuda.attribution: boundary_reads``): the dict is indexed
+        directly, with one type check per figure, instead of walked through ``cuda_stats.stat``
+        eight times (~37 us on an H100, more than the read itself). Anything unexpected (a key
+        missing, a value that is not a count) takes the validated path, which reads missing keys as
+        0 and raises on garbage, as before."""
         with self._lock:
             nested = self._stats_fn(self.device_index)
-            self._fold(nested)
+            try:
+                a = nested["allocated_bytes"]["all"]
+                r = nested["reserved_bytes"]["all"]
+                n = nested["allocation"]["all"]
+                allocated, peak, reserved, reserved_peak = a["current"], a["peak"], r["current"], r["peak"]
+                allocations, frees = n["allocated"], n["freed"]
+                split = nested["inactive_split_bytes"]["all"]["current"]
+                figures = (allocated, peak, reserved, reserved_peak, allocations, frees, split)
+                fast = all(type(x) is int and x >= 0 for x in figures)
+            except (KeyError, TypeError):
+                fast = False
+            if not fast:
+                self._fold(nested)
+                self._reset_peak_fn(self.device_index)
+                return cuda_stats.reading(nested)
+            if peak > self._lifetime_peak:
+                self._lifetime_peak = peak
+            if reserved_peak > self._lifetime_reserved_peak:
+                self._lifetime_reserved_peak = reserved_peak
             self._reset_peak_fn(self.device_index)
-        return cuda_stats.reading(nested)
+        return _new_reading(Reading, (allocated, reserved, peak, allocations, frees,
+                                      min(1.0, split / reserved) if reserved > 0 else 0.0, 0))
 
     def stats(self) -> dict[str, float]:
         """``cuda_stats.figures`` with both peaks replaced by their process-lifetime maxima."""

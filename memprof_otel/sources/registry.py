@@ -15,6 +15,7 @@ from ..errors import SourceUnavailable
 from .cgroup import CgroupSource
 from .cuda import CudaAllocatorSource, available_devices, device_uuids
 from .cuda_history import CudaHistoryRecorder
+from .cuda_trace import CudaAllocatorTrace
 from .glibc import HostAllocatorSource
 from .nvml import NvmlSource
 from .process import ProcessSource
@@ -51,6 +52,20 @@ def host_allocator() -> Any | None:
 
 def cuda_allocator(index: int) -> Any | None:
     return _get(f"cuda:{index}", lambda: CudaAllocatorSource(index))
+
+
+def cuda_trace(max_entries: int) -> CudaAllocatorTrace | None:
+    """The process's allocator trace for attributed CUDA forwards (one for every device and model:
+    torch's history ring is process-wide); None where this torch cannot trace (``memprof_source_up
+    {source="cuda_trace"} 0`` with the reason). The first caller's ``max_entries`` sizes the ring."""
+    return _get("cuda_trace", lambda: CudaAllocatorTrace(max_entries))
+
+
+def cuda_trace_in_flight() -> int:
+    """Traced forwards running now (0 when the trace was never built)."""
+    with _lock:
+        trace = _sources.get("cuda_trace")
+    return trace.in_flight if trace is not None else 0
 
 
 def process() -> Any | None:

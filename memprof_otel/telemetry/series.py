@@ -61,6 +61,8 @@ class LayerView:
     events_dropped: int
     # (layer, device) -> bytes of storages born there in attributed forwards, still alive
     surviving: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # reason -> attributed forwards whose per-layer figures were dropped (never published wrong)
+    unattributed: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +131,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
             add("memprof_layer_surviving_bytes", {"model": v.model, "layer": path, "device": device}, n)
         add("memprof_overhead_seconds_total", {"model": v.model}, v.overhead_seconds)
         add("memprof_events_dropped_total", {"model": v.model}, v.events_dropped)
+        for reason, n in sorted(v.unattributed.items()):
+            add("memprof_forwards_unattributed_total", {"model": v.model, "reason": reason}, n)
     for name, up in sorted(me.sources_up.items()):
         add("memprof_source_up", {"source": name}, 1 if up else 0)
     for name, n in sorted(me.sampler_errors.items()):

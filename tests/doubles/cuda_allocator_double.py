@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import collections
 import itertools
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +106,10 @@ class ScriptedCudaAllocatorDouble:
         # max_entries events while enabled; record_calls logs every on/off call
         self._trace: collections.deque[dict[str, Any]] | None = None
         self.record_calls: list[dict[str, Any]] = []
+        # torch's user metadata is per thread (seen on torch 2.11 + an H100: a thread does not see
+        # the string another thread set); every event carries the recording thread's
+        self._metadata = threading.local()
+        self.snapshot_calls = 0
 
     # -- scripting -------------------------------------------------------------------------
     def malloc(self, nbytes: int) -> int:
@@ -138,6 +144,9 @@ class ScriptedCudaAllocatorDouble:
     def free(self, handle: int) -> None:
         """Return a block to the cache, merging it with free neighbours."""
         segment, block = self._live.pop(handle)
+        # torch records both: the stats drop at the request, the pool gets the block at completion
+        # (later when other streams still use it; the double has one stream, so at once)
+        self._trace_event("free_requested", segment, block, block.requested)
         self._trace_event("free_completed", segment, block, block.requested)
         self._count(segment.pool, "allocation", -1)
         self._count(segment.pool, "active", -1)
@@ -158,24 +167,46 @@ class ScriptedCudaAllocatorDouble:
         """Release every segment that holds no live block (cudaFree)."""
         for segment in [s for s in self._segments if len(s.blocks) == 1 and not s.blocks[0].allocated]:
             self._segments.remove(segment)
+            self._trace_event("segment_free", segment, None, segment.size)
             self._count(segment.pool, "segment", -1)
             self._count(segment.pool, "reserved_bytes", -segment.size)
             self._counters["num_device_free"] += 1
 
     # -- allocator history: stand-ins for torch.cuda.memory._record_memory_history / _snapshot --
-    def _trace_event(self, action: str, segment: _Segment, block: _Block, nbytes: int) -> None:
+    def _trace_event(self, action: str, segment: _Segment, block: _Block | None, nbytes: int) -> None:
         if self._trace is not None:
-            self._trace.append({"action": action, "addr": id(segment) * 4096 + block.offset,
-                                "size": block.size, "requested_size": nbytes, "stream": 0, "frames": []})
+            self._trace.append({"action": action, "addr": id(segment) * 4096 + (block.offset if block else 0),
+                                # torch records the request (orig_size), not the block it got
+                                "size": nbytes if block else segment.size, "requested_size": nbytes,
+                                "stream": 0, "frames": [], "time_us": time.time_ns() // 1000,
+                                "user_metadata": getattr(self._metadata, "value", "")})
 
     def record_memory_history(self, enabled: str | None = "all", context: str | None = "all",
                               stacks: str = "all", max_entries: int = 2**63 - 1, device: Any = None,
-                              **_: Any) -> None:
-        self.record_calls.append({"enabled": enabled, "max_entries": max_entries, "device": device})
+                              clear_history: bool = False, **_: Any) -> None:
+        self.record_calls.append({"enabled": enabled, "max_entries": max_entries, "device": device,
+                                  "context": context, "clear_history": clear_history})
         if enabled is None:
             self._trace = None
-        elif self._trace is None:
-            self._trace = collections.deque(maxlen=max_entries)
+        elif self._trace is None or clear_history or self._trace.maxlen != max_entries:
+            kept = [] if self._trace is None or clear_history else list(self._trace)
+            self._trace = collections.deque(kept, maxlen=max_entries)
+
+    def set_metadata(self, value: str) -> None:
+        """Like ``torch._C._cuda_setMemoryMetadata``: this thread's string for its next events."""
+        self._metadata.value = value
+
+    def trace_fns(self) -> Any:
+        """The calls ``CudaAllocatorTrace`` takes, backed by this double."""
+        from memprof_otel.sources.cuda_trace import TraceFns
+
+        def snapshot() -> dict[str, Any]:
+            self.snapshot_calls += 1
+            return self.snapshot()
+
+        return TraceFns(arm=lambda n, clear: self.record_memory_history("all", None, max_entries=n, clear_history=clear),
+                        disarm=lambda: self.record_memory_history(None), snapshot=snapshot,
+                        set_metadata=self.set_metadata, is_enabled=lambda: self.recording)
 
     def snapshot(self, device: Any = None, **_: Any) -> dict[str, Any]:
         traces = list(self._trace) if self._trace is not None else []
@@ -244,6 +275,7 @@ class ScriptedCudaAllocatorDouble:
                     f"{self._reserved()} of {self.capacity_bytes} bytes reserved")
         segment = _Segment(pool=pool, size=size, blocks=[_Block(offset=0, size=size)])
         self._segments.append(segment)
+        self._trace_event("segment_alloc", segment, None, size)
         self._count(pool, "segment", 1)
         self._count(pool, "reserved_bytes", size)
         self._counters["num_device_alloc"] += 1

@@ -60,7 +60,8 @@ _perf_counter = time.perf_counter
 
 class ForwardState:
     __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
-                 "on_error", "self_time_s", "listener", "births", "_read", "_enter_t", "_exit_t")
+                 "on_error", "self_time_s", "listener", "births", "shared_counter", "overlapped", "_read", "_enter_t",
+                 "_exit_t")
 
     def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
                  baseline: int, on_error: Callable[[str, BaseException], None],
@@ -80,6 +81,10 @@ class ForwardState:
         # the tensor ledger, when one runs: told the innermost layer on every enter and exit, so
         # each storage it sees born carries its birth layer (surviving bytes per layer)
         self.births: Any = None
+        # the counter is the device's (CUDA allocator statistics), not this thread's: the figures
+        # hold only if no other forward ran meanwhile; ``overlapped`` says one was open at the start
+        self.shared_counter = False
+        self.overlapped = False
         # bound once: these run on every module call of the forward
         self._read = counter.read_and_reset
         self._enter_t = self.tracker.enter

@@ -36,6 +36,7 @@ from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
 from .forward_state import ForwardState, event_capacity, event_dict
+from .traced_forward import TracedForwardState
 from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
@@ -50,6 +51,19 @@ _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref
 _LIVE: dict[str, "Instrumentation"] = {}
 _live_lock = threading.Lock()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
+# Every instrumented forward's opening, process-wide: an attributed forward that reads the CUDA
+# allocator at its boundaries sees every thread's allocations on the device, so it must know
+# whether another forward ran meanwhile. ``next()`` on a count is one C call (atomic under the
+# GIL); the dict holds the threads with a forward open now.
+_opened = itertools.count()
+_open_threads: dict[int, int] = {}
+
+
+_DROP_WHY = {
+    "concurrent": "another forward ran on the process meanwhile, and the CUDA allocator's statistics "
+                  "read at module boundaries are the device's, shared by every thread",
+    "trace_lost": "the CUDA allocator trace could not give the forward's events",
+}
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -78,6 +92,7 @@ class _ThreadLocal(threading.local):
     mode: LedgerMode | None = None
     capture: Capture | None = None
     busy = False                 # inside our own hook code (a __del__ must not interleave)
+    opened = 0                   # this forward's place in the process-wide count of openings
 
 
 class Instrumentation:
@@ -115,6 +130,10 @@ class Instrumentation:
         self.hook_errors = 0
         self.forward_errors = 0
         self.interrupted_forwards = 0  # forwards a BaseException abandoned (also in forward_errors)
+        # attributed forwards whose per-layer figures were dropped rather than published wrong,
+        # by reason: "concurrent" (allocator read at boundaries while another forward ran),
+        # "trace_lost" (the allocator trace could not give the forward's events)
+        self.unattributed: dict[str, int] = {}
         self.last_device = "cpu"
         self._origin_s = time.perf_counter()
         self._created_unix = time.time()
@@ -380,6 +399,9 @@ class Instrumentation:
         tls.open_key = key
         tls.depth = 1
         tls.start_s = t
+        ident = threading.get_ident()
+        _open_threads[ident] = _open_threads.get(ident, 0) + 1
+        tls.opened = next(_opened)
         tls.state = None
         tls.busy = True
         try:
@@ -446,6 +468,10 @@ class Instrumentation:
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
+        ident = threading.get_ident()
+        left = _open_threads.pop(ident, 1) - 1
+        if left > 0:  # another instrumented model's forward is still open on this thread
+            _open_threads[ident] = left
         if raised:
             self.forward_errors += 1
         state = tls.state
@@ -548,6 +574,8 @@ class Instrumentation:
             counter = registry.cuda_allocator(device.index or 0)
             if counter is None:
                 return
+            if cap is None and self._begin_traced(module, path, t, device.index or 0, counter):
+                return
             # cuda.reset_peak_stats false: torch's peak register is the host application's (vLLM
             # profiles with max_memory_allocated); the ledger keeps our per-layer peaks instead
             no_reset = not self.config.cuda.reset_peak_stats
@@ -557,7 +585,9 @@ class Instrumentation:
             if (cap is not None or no_reset) and _LEDGER_DOWN is None:  # a capture's per-op view needs it too
                 mode = LedgerMode(self._ledger("cuda", device), on_error=lambda e: self._count_error("ledger", e))
                 max_entries = self.config.dumps.cuda_history_max_entries
-                if cap is not None and cap.history is None and max_entries > 0:  # on for the capture window only
+                if (cap is not None and cap.history is None and max_entries > 0
+                        and registry.cuda_trace_in_flight() == 0):  # on for the capture window only; the
+                    # ring is not the capture's while traced forwards hold it (they would switch it off)
                     cap.history = registry.cuda_history_recorder(device.index or 0, max_entries)
                     if cap.history is not None:
                         cap.history.start()
@@ -577,6 +607,10 @@ class Instrumentation:
                 baseline = host.reading().allocated
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
                              self._count_error, record_events=self._events.maxlen != 0)
+        # the allocator's counters are the device's, shared by every thread: figures hold only if
+        # no other forward ran meanwhile (checked again at the end)
+        state.shared_counter = mode is None and device.type == "cuda"
+        state.overlapped = state.shared_counter and len(_open_threads) > 1
         if mode is not None:
             state.births = mode.ledger
         if cap is not None:
@@ -584,17 +618,46 @@ class Instrumentation:
             if mode is not None:
                 mode.ledger.listener = cap.on_alloc
             cap.forward_started(t)
-        for obs in self._observers:
-            obs.forward_begin(self, state)
-        tls = self._tls
-        tls.state = state
-        hooks.activate(state)
+        self._activate(state)
         if mode is not None:
             mode.__enter__()
-            tls.mode = mode
+            self._tls.mode = mode
         with self._open_lock:
             self._open[threading.get_ident()] = (state, mode)
         state.begin(t)
+
+    def _activate(self, state: ForwardState) -> None:
+        """Tell the observers, then route this thread's module calls to ``state``."""
+        for obs in self._observers:
+            obs.forward_begin(self, state)
+        self._tls.state = state
+        hooks.activate(state)
+
+    def _begin_traced(self, module: nn.Module, path: str, t: float, index: int, source: Any) -> bool:
+        """An attributed CUDA forward over the allocator trace (``cuda.attribution: trace``); False
+        when it cannot run here (torch without the trace calls, history recorded by someone else),
+        and the caller reads the allocator at every boundary instead."""
+        if self.config.cuda.attribution != "trace":
+            return False
+        trace = registry.cuda_trace(self.config.cuda.trace_max_entries)
+        if trace is None:
+            return False
+        base = source.reading()  # the allocator's level: trace figures are relative to it
+        ticket = trace.open()
+        if ticket is None:
+            return False
+        try:
+            state = TracedForwardState(self._paths, id(module), path, self._origin_s, 0, self._count_error,
+                                       self._events.maxlen != 0, trace=trace, ticket=ticket,
+                                       device_index=index, base=base)
+            self._activate(state)
+        except BaseException:
+            trace.close(ticket)
+            raise
+        with self._open_lock:
+            self._open[threading.get_ident()] = (state, None)
+        state.begin(t)
+        return True
 
     def _ledger(self, device_type: str, device: torch.device) -> TensorLedger:
         ledger = TensorLedger(device_type)
@@ -627,12 +690,22 @@ class Instrumentation:
             return
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
                              self._count_error, record_events=self._events.maxlen != 0)
+        state.shared_counter = device.type == "cuda"
+        state.overlapped = state.shared_counter and len(_open_threads) > 1
         self._tls.state = state
         state.begin(t)
 
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
         self._pop_mode()
         calls = state.finish(t, raised)
+        reason = self._dropped(state)
+        if reason is not None:
+            # never a silently wrong figure: the forward counts, its per-layer figures do not
+            self.unattributed[reason] = self.unattributed.get(reason, 0) + 1
+            rate_limited.warning(f"unattributed:{reason}", "memprof_otel: %s: an attributed forward's "
+                                 "per-layer figures were dropped (%s); counted in "
+                                 "memprof_forwards_unattributed_total", self.name, _DROP_WHY[reason])
+            return
         self._stats.merge(calls, baseline=state.baseline)
         self._windows.merge(calls, state.baseline, t)
         if state.events:
@@ -641,6 +714,17 @@ class Instrumentation:
                 if overflow > 0:
                     self.events_dropped += overflow
                 self._events.extend(state.events)
+
+    def _dropped(self, state: ForwardState) -> str | None:
+        """Why this forward's figures must not be published, or None."""
+        if isinstance(state, TracedForwardState):
+            return "trace_lost" if state.lost is not None else None
+        if state.shared_counter:
+            others_opened = next(_opened) - self._tls.opened > 1
+            # our own thread left _open_threads in _close already: any entry is another forward
+            if state.overlapped or others_opened or _open_threads:
+                return "concurrent"
+        return None
 
     def _pop_mode(self) -> None:
         mode, self._tls.mode = self._tls.mode, None
@@ -660,7 +744,13 @@ class Instrumentation:
             self._pop_mode()
         except Exception as e:
             self._count_error("mode_exit", e)
-        if hooks.active_sink() is self._tls.state and self._tls.state is not None:
+        state = self._tls.state
+        if isinstance(state, TracedForwardState):
+            try:
+                state.release()  # the trace ring is process-wide: give our share back
+            except Exception as e:
+                self._count_error("trace_release", e)
+        if hooks.active_sink() is state and state is not None:
             hooks.deactivate()
         self._tls.state = None
         with self._open_lock:

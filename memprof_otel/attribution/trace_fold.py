@@ -1,0 +1,82 @@
+"""Boundary readings from allocator trace events: what a per-boundary stats read would have said.
+
+A traced forward tags its thread with ``<tag><i>`` at its i-th module boundary (root entry is 0),
+so every allocator event it causes between boundary i and i+1 carries ``<tag><i>``. Replaying the
+events in trace order rebuilds, for each boundary, the ``Reading`` the per-boundary method read
+from the allocator: the level of allocated bytes then, and the peak since the previous boundary
+(the peak register is reset at each boundary, so it restarts at the level there). The
+``PeakTracker`` then runs on these readings exactly as on live ones.
+
+Which events move which figure (``c10/cuda/CUDACachingAllocator.cpp``): ``allocated_bytes`` rises
+by the block size at ``alloc`` and falls at ``free_requested`` (a block whose stream work is still
+pending is freed for the stats there, and only returned to the pool at ``free_completed``);
+``reserved_bytes`` moves at ``segment_alloc``/``segment_free`` and, with expandable segments,
+``segment_map``/``segment_unmap``. Events of other threads or other forwards carry other tags and
+are skipped: each forward sees its own thread's allocations only. Pure: no torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..sources.base import Reading
+
+__all__ = ["boundary_readings"]
+
+_ALLOCATED = {"alloc": 1, "free_requested": -1}
+_RESERVED = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+_new_reading = tuple.__new__
+
+
+def boundary_readings(events: Iterable[Mapping[str, Any]], tag: str, boundaries: int, base_allocated: int,
+                      base_reserved: int) -> list[Reading]:
+    """One reading per boundary (``boundaries`` of them), levels offset by the allocator's
+    ``base_allocated``/``base_reserved`` at the forward's start. Fragmentation is not known from
+    events: None (absent), never a made-up value."""
+    if boundaries <= 0:
+        return []
+    n = len(tag)
+    level = reserved = allocs = frees = 0
+    peak = rpeak = 0  # the window's maxima, relative to the base
+    out: list[Reading] = [_new_reading(Reading, (base_allocated, base_reserved, base_allocated, 0, 0, None,
+                                                 base_reserved))]
+
+    def close_window() -> None:
+        out.append(_new_reading(Reading, (base_allocated + level, base_reserved + reserved, base_allocated + peak,
+                                          allocs, frees, None, base_reserved + rpeak)))
+
+    for e in events:
+        md = e.get("user_metadata")
+        if not md or not md.startswith(tag):
+            continue
+        try:
+            window = int(md[n:])
+        except ValueError:
+            continue  # another forward's tag that merely starts like ours cannot: tags end in ':'
+        if window >= boundaries:
+            continue  # after the last boundary (the forward's own teardown)
+        while len(out) <= window:  # boundaries with no event of ours since the previous one
+            close_window()
+            peak, rpeak = level, reserved
+        action = e.get("action")
+        step = _ALLOCATED.get(action)
+        if step is not None:
+            size = int(e.get("size", 0))
+            if step > 0:
+                level += size
+                allocs += 1
+                if level > peak:
+                    peak = level
+            else:
+                level -= size
+                frees += 1
+            continue
+        step = _RESERVED.get(action)
+        if step is not None:
+            reserved += step * int(e.get("size", 0))
+            if reserved > rpeak:
+                rpeak = reserved
+    while len(out) < boundaries:
+        close_window()
+        peak, rpeak = level, reserved
+    return out
