@@ -65,6 +65,20 @@ def test_grpc_exporter_is_an_optional_extra():
     assert "grpc" in Requirement(extras["all"][0]).extras
 
 
+def _env_without_pip_config() -> dict[str, str]:
+    """This environment as pip sees none of its configuration: no PIP_* variable, no config file.
+
+    ``--isolated`` drops the user's file and the variables, not the global (``/etc/pip.conf``,
+    ``/etc/xdg/pip/pip.conf``) or site ones: a machine-wide ``constraint = ...`` capping torch would
+    make the resolver refuse the installed torch 3.0.0 whatever our requirements say. pip reads
+    no configuration file at all when ``PIP_CONFIG_FILE`` is ``os.devnull`` (pip's "Configuration"
+    docs; ``Configuration._load_config_files``), and it passes this environment on when
+    ``--python`` re-runs it in the target interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
 @pytest.mark.slow
 def test_pip_keeps_a_newer_installed_torch(tmp_path: Path):
     """pip's own resolver, offline, in a venv where torch 3.0.0 is installed (its metadata; the
@@ -91,7 +105,7 @@ def test_pip_keeps_a_newer_installed_torch(tmp_path: Path):
         return subprocess.run(
             [sys.executable, "-m", "pip", "--isolated", "--python", str(venv / "bin" / "python"), "install",
              "--dry-run", "--no-index", "--quiet", "--report", "-", *reqs],
-            capture_output=True, text=True, timeout=300)
+            capture_output=True, text=True, timeout=300, env=_env_without_pip_config())
 
     ours = dry_run([str(r) for r in _requirements()])
     assert ours.returncode == 0, ours.stderr
