@@ -167,6 +167,10 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
     reuse_port = False  # True: every worker binds the one port (single-port mode, workers.snapshot_dir)
+    # the listen backlog (the kernel caps it at net.core.somaxconn). The standard library's 5 fills
+    # up in any burst of connections (a crowd of idle clients, many scrapers at once); the kernel
+    # then drops new connection attempts, and each costs its client, a scrape too, a 1 s retransmit.
+    request_queue_size = 128
 
     def server_bind(self) -> None:
         if self.reuse_port and hasattr(socket, "SO_REUSEPORT"):
