@@ -201,6 +201,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_config_errors_total", "memprof.config_errors", "{error}", "counter",
               "Configuration values ignored at startup (the default kept), by where they came from",
               ("source",)),
+    MetricDef("memprof_http_connection_errors_total", "memprof.http.connection_errors", "{error}", "counter",
+              "Connections to the endpoint's own server that failed, by reason: timeout, reset, broken_pipe, "
+              "other (the client's side) or internal (the endpoint's own code)", ("reason",)),
     MetricDef("memprof_dumps_total", "memprof.dumps", "{dump}", "counter",
               "Dumps attempted by format and result", ("format", "result")),
     MetricDef("memprof_build_info", "memprof.build_info", "", "info",

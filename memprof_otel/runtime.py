@@ -35,6 +35,7 @@ from .export.otel import OtelExporter
 from .export.otel_observer import OtelForwardObserver
 from .export.prometheus import make_registry, render_exposition
 from .export.worker_snapshots import SnapshotWriter
+from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import Server
 from .http.workers import parent_is_server
 from .sources import registry
@@ -120,6 +121,10 @@ class Runtime:
         # configuration values the environment got wrong, each counted and logged once
         self.config_errors: Counter[str] = Counter({"env": 0})
         self._config_errors_seen: set[str] = set()
+        # failed connections to our server, by reason; counted from its many connection threads at
+        # once (an idle crowd times out together), where an unlocked ``+= 1`` would lose counts
+        self.http_connection_errors: Counter[str] = Counter(dict.fromkeys(HTTP_CONNECTION_ERROR_REASONS, 0))
+        self._http_connection_errors_lock = threading.Lock()
         self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
         self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
@@ -253,10 +258,11 @@ class Runtime:
         """A forked child inherits the parent's locks (maybe held by a thread it does not have)
         and its counters (events of the parent: each child would count them again)."""
         self._lock = threading.RLock()
+        self._http_connection_errors_lock = threading.Lock()
         self._series_cache = None
         self.tracker.after_fork()
         self.op_stats.after_fork()  # the parent's operations are the parent's series
-        for counter in (self.export_errors, self.dumps):
+        for counter in (self.export_errors, self.dumps, self.http_connection_errors):
             for key in counter:
                 counter[key] = 0
         self.extra_ooms.clear()
@@ -427,6 +433,10 @@ class Runtime:
     def count_dump(self, fmt: str, result: str) -> None:
         self.dumps[(fmt, result)] += 1
 
+    def count_http_connection_error(self, reason: str) -> None:
+        with self._http_connection_errors_lock:
+            self.http_connection_errors[reason] += 1
+
     def _operation_ended(self, rec: OperationRecord) -> None:
         label = self.op_stats.record(rec)
         if self.otel is not None and label is not None:
@@ -458,6 +468,7 @@ class Runtime:
             sampler_last_success=s.last_success_unix if s is not None else None,
             export_errors=dict(self.export_errors), dumps=dict(self.dumps),
             extra_ooms=dict(self.extra_ooms), config_errors=dict(self.config_errors),
+            http_connection_errors=dict(self.http_connection_errors),
             version=__version__, torch_version=_torch_version())
 
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,

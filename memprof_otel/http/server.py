@@ -6,14 +6,19 @@ reads a length-less body up to the cap plus one byte. The server binds 127.0.0.1
 
 Whatever arrives, the answer is the JSON error shape: requests the standard library refuses before
 our routes run (a garbage request line, a bad header line, HTTP/0.9, over-long lines) are answered
-by ``_JsonErrorHandler.send_error``, and a failure inside wsgiref by ``_JsonServerHandler``.
+by ``_QuietHandler.send_error``, and a failure inside wsgiref by ``_JsonServerHandler``.
+
+A connection that fails (the client times out, resets, goes away before the answer; our own code
+raises) is counted and logged at a bounded rate by ``connection_errors``, never printed as a traceback.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.errors
 import errno
 import socket
+import sys
 import threading
 from http import HTTPStatus
 from socketserver import ThreadingMixIn
@@ -22,6 +27,7 @@ from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer,
 
 from ..errors import ConfigError, ServeError
 from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
+from .connection_errors import connection_failed
 from .workers import warn_if_round_robin
 
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
@@ -29,6 +35,9 @@ _REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 40
             413: "Payload Too Large", 415: "Unsupported Media Type", 500: "Internal Server Error",
             503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
 SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
+# environ key: the socket error that cut a request body short. The request is still answered (400);
+# our server counts the failure once the answer is out, a host server of a mounted app ignores it.
+BODY_ERROR_KEY = "memprof_otel.body_error"
 
 
 def _status_line(code: int) -> str:
@@ -55,7 +64,8 @@ def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> 
 def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
     try:
         body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
-    except OSError:  # the client stopped sending (socket timeout) or went away
+    except OSError as e:  # the client stopped sending (socket timeout) or went away
+        environ[BODY_ERROR_KEY] = e
         return error_response(400, "body_incomplete", "the request body did not arrive in full")
     if body is None:
         return _too_large(endpoint.max_body_bytes)
@@ -167,11 +177,23 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
     reuse_port = False  # True: every worker binds the one port (single-port mode, workers.snapshot_dir)
+    # the listen backlog (the kernel caps it at net.core.somaxconn). The standard library's 5 fills
+    # up in any burst of connections (a crowd of idle clients, many scrapers at once); the kernel
+    # then drops new connection attempts, and each costs its client, a scrape too, a 1 s retransmit.
+    request_queue_size = 128
+    count_connection_error: Callable[[str], None]  # by reason; ``Server`` sets it before serving
 
     def server_bind(self) -> None:
         if self.reuse_port and hasattr(socket, "SO_REUSEPORT"):
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Whatever escaped a connection's handler: counted and logged rate-limited (the standard
+        library prints a traceback per connection, an idle or a vanished client included)."""
+        exc = sys.exc_info()[1]
+        if exc is not None:
+            connection_failed(self.count_connection_error, exc, client_address)
 
 
 class _V6Server(_ThreadingWSGIServer):
@@ -199,9 +221,35 @@ _HEADER_DEFECTS = (email.errors.MissingHeaderBodySeparatorDefect, email.errors.F
 
 
 class _JsonServerHandler(ServerHandler):
-    """wsgiref's per-request handler, with its last-resort 500 in our JSON shape."""
+    """wsgiref's per-request handler, with its last-resort 500 in our JSON shape; every failure
+    goes up to the server's ``handle_error``, to be counted once."""
     error_headers = [("Content-Type", "application/json")]
     error_body = dumps({"error": "internal", "detail": "the server failed while answering"})
+
+    def run(self, application: Callable[..., Iterable[bytes]]) -> None:
+        """``ServerHandler.run``, but every failure goes up to the server's ``handle_error`` (wsgiref
+        drops a reset or a broken pipe unseen and prints a traceback for any other failure, a
+        timed-out write included). Our own failure is first answered with the JSON 500 where
+        nothing was sent yet."""
+        try:
+            self.setup_environ()
+            environ = self.environ
+            self.result = application(environ, self.start_response)
+            self.finish_response()
+        except Exception as e:
+            if not isinstance(e, OSError):  # our failure, not the socket's: the client may still listen
+                self._answer_500()
+            raise
+        body_error = environ.get(BODY_ERROR_KEY)
+        if body_error is not None:  # answered (400), but the client failed to send its body all the same
+            raise body_error
+
+    def _answer_500(self) -> None:
+        if self.headers_sent:
+            return
+        with contextlib.suppress(OSError):  # the client left meanwhile: our failure is the one counted
+            self.result = self.error_output(self.environ, self.start_response)
+            self.finish_response()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -244,11 +292,11 @@ class _QuietHandler(WSGIRequestHandler):
         return True
 
     def handle(self) -> None:
-        """One request, as ``WSGIRequestHandler.handle`` with a JSON last-resort error handler."""
-        try:
-            self.raw_requestline = self.rfile.readline(65537)
-        except OSError:  # timed out or reset before a request line came
-            return
+        """One request, as ``WSGIRequestHandler.handle`` with a JSON last-resort error handler. A
+        socket error (timeout, reset) propagates to the server's ``handle_error``, which counts it."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if not self.raw_requestline:  # closed before a byte came (a port probe, a TCP health check):
+            return                    # nothing to answer, nothing failed
         if len(self.raw_requestline) > 65536:
             self.requestline, self.request_version, self.command = "", "", ""
             self.send_error(414, "request line over 65536 bytes")
@@ -276,6 +324,7 @@ class Server:
         self.requested = (host, port, token, port_count, shared)
         app = wsgi_app(rt, token, bind_host=host, mounted=False)  # its own port: no sharing to warn about
         self._httpd = self._bind(app, host, port, port_count, shared)
+        self._httpd.count_connection_error = rt.count_http_connection_error
         self.port = self._httpd.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"

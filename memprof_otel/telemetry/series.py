@@ -75,6 +75,7 @@ class SelfView:
     dumps: Mapping[tuple[str, str], int] = field(default_factory=dict)
     extra_ooms: Mapping[str, int] = field(default_factory=dict)  # device -> OOMs seen in forwards
     config_errors: Mapping[str, int] = field(default_factory=dict)  # source -> values ignored
+    http_connection_errors: Mapping[str, int] = field(default_factory=dict)  # reason -> failed connections
     cuda_uuids: Mapping[int, str] = field(default_factory=dict)  # CUDA index -> torch's device UUID
     version: str = ""
     torch_version: str = ""
@@ -145,6 +146,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_export_errors_total", {"exporter": name}, n)
     for name, n in sorted(me.config_errors.items()):
         add("memprof_config_errors_total", {"source": name}, n)
+    for reason, n in sorted(me.http_connection_errors.items()):
+        add("memprof_http_connection_errors_total", {"reason": reason}, n)
     for (fmt, result), n in sorted(me.dumps.items()):
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
     add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)

@@ -1,11 +1,14 @@
-"""Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server) and ``wait_until``."""
+"""Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server), ``wait_until``
+and ``scrape_values`` (one family's samples in a scrape of the endpoint)."""
 from __future__ import annotations
 
 import threading
 import time
 from typing import Any
 
+import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memprof_otel as mp
@@ -73,3 +76,15 @@ def wait_for(pred: Any, timeout: float = 10.0, step: float = 0.02) -> bool:
             return True
         time.sleep(step)
     return bool(pred())
+
+
+def scrape_values(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Samples named ``name`` in a scrape of /metrics (which must answer 200): sorted label items -> value."""
+    r = client.get("/metrics")
+    assert r.status_code == 200, (r.status_code, r.text[:300])
+    out = {}
+    for fam in text_string_to_metric_families(r.text):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out

@@ -1,10 +1,13 @@
 """The endpoint against hostile and careless clients, over real sockets: numbers that are not
 finite, requests from other origins (a web page's simple POST, DNS rebinding), the OOM record under
-a flood of on-demand dumps, bytes that are not HTTP, and paged timeline reads."""
+a flood of on-demand dumps, bytes that are not HTTP, connections that time out or vanish, and paged
+timeline reads."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,10 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
+from memprof_otel._log import RateLimitedLog
+from memprof_otel.http import connection_errors, server as http_server
 from memprof_otel.http.app import timeline_page
-from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
+from tests.integration.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
 
 from .models import Tree
 
@@ -301,6 +306,113 @@ def test_a_silent_client_does_not_hold_the_server(server):
         t0 = time.monotonic()
         assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200
         assert time.monotonic() - t0 < 5
+
+
+# ---- connections that fail ------------------------------------------------------------------
+
+CONNECTION_ERRORS = "memprof_http_connection_errors_total"
+IDLE, RESET, GONE = 200, 100, 100  # connections of each kind in the crowd
+SHORT_TIMEOUT_S = 1.0  # the server's socket timeout here (60 s in production)
+
+
+@pytest.fixture
+def short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A socket timeout the test can wait for, and a fresh log limiter: what the connection
+    errors log is then exactly what this test's connections made it log."""
+    monkeypatch.setattr(http_server._QuietHandler, "timeout", SHORT_TIMEOUT_S)
+    monkeypatch.setattr(connection_errors, "_log", RateLimitedLog(period_s=connection_errors.LOG_PERIOD_S))
+
+
+def failed_connections(c: httpx.Client) -> dict[str, float]:
+    """reason -> count, from a scrape (which must answer 200)."""
+    return {dict(k)["reason"]: v for k, v in scrape_values(c, CONNECTION_ERRORS).items()}
+
+
+def growth(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {reason: n - before.get(reason, 0.0) for reason, n in after.items()}
+
+
+def reset_mid_request(port: int) -> None:
+    """Half a request line, then a reset (SO_LINGER 0: close sends RST, not FIN)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0")
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def close_before_answer(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+
+
+def connection_log(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if CONNECTION_ERRORS in r.getMessage()]
+
+
+def test_failed_connections_are_counted_by_reason_and_never_print_a_traceback(server, short_timeout, capfd,
+                                                                              caplog):
+    caplog.set_level(logging.INFO, logger="memprof_otel")
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        before = failed_connections(c)
+        for _ in range(GONE):
+            close_before_answer(server.port)
+        for _ in range(RESET):
+            reset_mid_request(server.port)
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(IDLE)]
+        try:
+            assert failed_connections(c)  # a scrape among the idle crowd: 200, the family in it
+            wait_until(lambda: growth(before, failed_connections(c))["timeout"] >= IDLE, timeout=30,
+                       what="every idle connection to time out")
+        finally:
+            for s in idle:
+                s.close()
+        grew = growth(before, failed_connections(c))  # and the scrape after it answers 200 as well
+    assert grew["timeout"] == IDLE  # each idle connection counted once
+    assert grew["internal"] == 0
+    # Every reset one fails on the server's read. One that closed before the answer fails on the
+    # write that follows the client's close, which on loopback is nearly always; any of them may
+    # see the write fail as a reset or as a broken pipe.
+    vanished = grew["reset"] + grew["broken_pipe"] + grew["other"]
+    assert grew["reset"] >= RESET and RESET + 1 <= vanished <= RESET + GONE, grew
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception occurred" not in err, err[:2000]
+    lines = connection_log(caplog)  # the first failure: every later one inside LOG_PERIOD_S is only counted
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+
+
+def test_a_body_that_stops_arriving_is_answered_and_counted_once(server, short_timeout, capfd):
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        before = failed_connections(c)
+        req = (b"PUT /v1/watchdog/rules HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+               b"Content-Length: 100\r\n\r\n{")
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+            s.sendall(req)  # and no more: the server's read times out, the client is still listening
+            answer = b"".join(iter(lambda: s.recv(65536), b""))
+        assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer[:300]
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "body_incomplete"
+        grew = wait_until(lambda: (g := growth(before, failed_connections(c)))["timeout"] and g, what="the count")
+        time.sleep(0.2)
+        assert growth(before, failed_connections(c)) == grew
+    assert grew == {"timeout": 1, "reset": 0, "broken_pipe": 0, "other": 0, "internal": 0}
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_failure_of_our_own_code_is_answered_500_counted_and_logged_with_its_traceback(
+        server, short_timeout, capfd, caplog):
+    def broken(endpoint: Any, environ: dict[str, Any]) -> Any:
+        raise RuntimeError("a bug in the transport")
+
+    caplog.set_level(logging.INFO, logger="memprof_otel")
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        before = failed_connections(c)
+        with pytest.MonkeyPatch.context() as patch:  # the scrapes go through the real code
+            patch.setattr(http_server, "_wsgi_response", broken)
+            assert_json_error(c.get("/healthz"), 500, "internal")
+        grew = wait_until(lambda: (g := growth(before, failed_connections(c)))["internal"] and g, what="the count")
+    assert grew == {"timeout": 0, "reset": 0, "broken_pipe": 0, "other": 0, "internal": 1}
+    [line] = connection_log(caplog)
+    assert line.exc_info is not None and "a bug in the transport" in str(line.exc_info[1])
+    assert "Traceback" not in capfd.readouterr().err  # logged through logging, not printed
 
 
 # ---- timeline pages ---------------------------------------------------------------------------

@@ -17,11 +17,10 @@ import httpx
 import jsonschema
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
 from tests import reference_doc, schemas
-from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
+from tests.integration.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
 
 from .models import F32, Tree
 
@@ -45,17 +44,6 @@ def assert_error(r: httpx.Response, status: int, error: str | None = None) -> di
     if error is not None:
         assert body["error"] == error, body
     return body
-
-
-def scrape_values(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    """Samples named ``name`` in /metrics: sorted label items -> value."""
-    text = client.get("/metrics").text
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def config(tmp_path: Path, **http: Any) -> dict[str, Any]:
