@@ -1,8 +1,12 @@
-"""Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server) and ``wait_until``."""
+"""Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server), ``wait_until``
+and ``collector_paused``."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -73,3 +77,21 @@ def wait_for(pred: Any, timeout: float = 10.0, step: float = 0.02) -> bool:
             return True
         time.sleep(step)
     return bool(pred())
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect the cyclic garbage earlier code left, then keep the collector off while the block runs.
+
+    A collection starts whenever some thread's allocations cross a threshold (the sampler's ticks
+    count too), and frees whatever cycles are pending then: megabytes after a matplotlib figure, say.
+    Inside the block every free happens by reference count, where the code does it, so figures
+    read there (RSS deltas, per-layer bytes) do not depend on when a collection happens to run."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
