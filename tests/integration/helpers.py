@@ -1,9 +1,12 @@
 """Shared test helpers: ``Traffic`` (forwards on a background thread, a busy server), ``wait_until``
-and ``scrape_values`` (one family's samples in a scrape of the endpoint)."""
+``scrape_values`` (one family's samples in a scrape of the endpoint) and ``collector_paused``."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -88,3 +91,21 @@ def scrape_values(client: httpx.Client, name: str) -> dict[tuple[tuple[str, str]
             if s.name == name:
                 out[tuple(sorted(s.labels.items()))] = s.value
     return out
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Collect the cyclic garbage earlier code left, then keep the collector off while the block runs.
+
+    A collection starts whenever some thread's allocations cross a threshold (the sampler's ticks
+    count too), and frees whatever cycles are pending then: megabytes after a matplotlib figure, say.
+    Inside the block every free happens by reference count, where the code does it, so figures
+    read there (RSS deltas, per-layer bytes) do not depend on when a collection happens to run."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

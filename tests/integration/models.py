@@ -1,6 +1,8 @@
-"""Small real CPU models whose allocations the tests control to the byte."""
+"""Small real CPU models: hand-built ones whose allocations the tests control to the byte, and tiny
+transformers models built from configs (no download)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -80,3 +82,23 @@ class KwargsDict(nn.Module):
         h = self.shared(x)
         h = self.shared(h)
         return {"out": self.lin(h) * scale, "aux": h}
+
+
+# ---- transformers models from tiny configs (no download) ----------------------------------------
+TINY_VOCAB = 1000
+
+
+def tiny_gpt2() -> nn.Module:
+    """GPT-2 with 2 blocks of width 64, in eval mode (the weights are the seeded default init)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=TINY_VOCAB, n_positions=512, n_embd=64, n_layer=2, n_head=2,
+                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+def tiny_bert() -> nn.Module:
+    """A BERT encoder with 2 layers of width 64, in eval mode."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=TINY_VOCAB, hidden_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=128, max_position_embeddings=128)
+    return transformers.BertModel(cfg).eval()

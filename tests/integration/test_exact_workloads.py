@@ -27,12 +27,13 @@ from torch import nn
 
 import memprof_otel as mp
 
+from .models import TINY_VOCAB, tiny_gpt2
 from .reference_ledger import ReferenceLedger
 
 KiB = 1024
 MiB = 1024 * 1024
 F32 = 4
-VOCAB = 1000
+VOCAB = TINY_VOCAB  # the vocabulary of models.tiny_gpt2, and of the other models here
 PROMPT_LEN = 8
 
 Triple = tuple[str, int, int]
@@ -128,14 +129,6 @@ def roots(calls: Sequence[Triple]) -> list[Triple]:
 
 
 # ---- HF models from tiny configs ---------------------------------------------------------------
-def _gpt2() -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=512, n_embd=64, n_layer=2, n_head=2,
-                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    return GPT2LMHeadModel(cfg).eval()
-
-
 def _llama() -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -194,7 +187,7 @@ GEN_CASES = [pytest.param(24, id="24tok"), pytest.param(128, id="128tok")]
 # ---- 1, 2: decoder-only generate with a KV cache ----------------------------------------------
 @pytest.mark.parametrize("new_tokens", GEN_CASES)
 def test_gpt2_generate_kv_cache(new_tokens: int) -> None:
-    _check_generate(_gpt2, new_tokens)
+    _check_generate(tiny_gpt2, new_tokens)
 
 
 @pytest.mark.parametrize("new_tokens", GEN_CASES)
@@ -459,7 +452,7 @@ def test_no_interaction_between_reference_and_library() -> None:
     """
     def fresh() -> tuple[nn.Module, Callable[[], Any]]:
         torch.manual_seed(0)
-        model = _gpt2()
+        model = tiny_gpt2()
         return model, _generate_workload(model, 12)
 
     ref_alone, _ = run_reference(*fresh())
@@ -473,7 +466,7 @@ def test_no_interaction_between_reference_and_library() -> None:
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, asyncio.CancelledError])
 def test_generate_after_an_interrupted_generate_is_exact(exc: type[BaseException]) -> None:
     torch.manual_seed(0)
-    model = _gpt2()
+    model = tiny_gpt2()
     h = _instrument(model)
     try:
         steps = {"n": 0}

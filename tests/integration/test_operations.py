@@ -24,7 +24,7 @@ from memprof_otel.config import OtelConfig
 from memprof_otel.export.otel import OtelExporter
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import collector_paused, wait_for
 
 MiB = 1 << 20
 FAST = {"sampler": {"interval": "20ms"}}
@@ -242,13 +242,16 @@ def test_operation_histograms_and_last_delta_series():
     mp.start_monitoring(FAST)
     kept = []
     recs = {"grow": [], "shrink": []}
-    for _ in range(3):
-        with mp.operation("grow") as r:
-            kept.append(torch.ones(48 * MiB // 4))
-        recs["grow"].append(r)
-    with mp.operation("shrink") as r:
-        kept.clear()
-    recs["shrink"].append(r)
+    # the deltas are RSS at the end minus RSS at the start: a collection of earlier tests' garbage
+    # inside an operation (the report test's figure alone frees ~6 MiB) would move them
+    with collector_paused():
+        for _ in range(3):
+            with mp.operation("grow") as r:
+                kept.append(torch.ones(48 * MiB // 4))
+            recs["grow"].append(r)
+        with mp.operation("shrink") as r:
+            kept.clear()
+        recs["shrink"].append(r)
 
     snap = runtime().op_stats.snapshot()
     assert set(snap) == {"grow", "shrink"}
