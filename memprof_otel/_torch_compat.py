@@ -100,7 +100,20 @@ eval_frame_callback, skip_code, OptimizedModule, dynamo_disable = _load_dynamo()
 
 
 def _load_is_compiling() -> Callable[[], bool]:
-    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    """True while Dynamo traces the calling code (or ``torch.export`` runs it), False when it runs
+    eagerly. Not ``torch.compiler.is_compiling()``: that reads a process-wide flag that a
+    ``torch.compile`` session sets for its whole duration, so eager forwards on every other thread
+    looked "compiling" and went unattributed (or half attributed) while any thread compiled.
+    ``is_dynamo_compiling()`` is False when called eagerly and folded to True by Dynamo while
+    tracing, which is exactly the question; export keeps its own flag."""
+    compiler = getattr(torch, "compiler", None)
+    dynamo = getattr(compiler, "is_dynamo_compiling", None)
+    exporting = getattr(compiler, "is_exporting", None)
+    if callable(dynamo) and callable(exporting):
+        def is_compiling() -> bool:
+            return dynamo() or exporting()
+        return is_compiling
+    fn = getattr(compiler, "is_compiling", None)
     return fn if callable(fn) else (lambda: False)
 
 

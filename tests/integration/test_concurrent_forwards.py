@@ -242,3 +242,34 @@ def test_concurrent_forwards_match_each_threads_workload_run_alone(case: str, on
         wrong = {p: (got.figures.get(p), expected.get(p)) for p in expected.keys() | got.figures.keys()
                  if got.figures.get(p) != expected.get(p)}
         assert not wrong, f"{name}: per-layer stats (got, alone) differ: {dict(list(wrong.items())[:6])}"
+
+
+def test_a_compile_on_another_thread_does_not_switch_attribution_off() -> None:
+    """``torch.compiler.is_compiling()`` reads one process-wide flag, set for a whole
+    ``torch.compile`` session: eager forwards on other threads must still be attributed in full.
+    The other thread holds the real session context (what Dynamo enters while it compiles)."""
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    if session is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.compiler._compile_session_context")
+    model = tiny_gpt2()
+    ids = torch.randint(0, TINY_VOCAB, (2, SEQ))
+    inside, leave = threading.Event(), threading.Event()
+
+    def compiling() -> None:
+        with session():
+            inside.set()
+            leave.wait(JOIN_S)
+    other = threading.Thread(target=compiling)
+    other.start()
+    try:
+        assert inside.wait(JOIN_S) and torch.compiler.is_compiling()  # the flag is up, process-wide
+        with mp.instrument(model, name="beside-a-compile", **EVERY_FORWARD) as h, torch.inference_mode():
+            for _ in range(3):
+                model(ids, use_cache=False)
+            stats = h.layer_stats()
+    finally:
+        leave.set()
+        other.join(JOIN_S)
+    tracked = [p for p in stats if p]
+    assert len(tracked) > 10  # the submodules were attributed, not only the root
+    assert {p: s.calls for p, s in stats.items() if s.calls != 3} == {}
