@@ -232,11 +232,7 @@ class Instrumentation:
         self._closed = True
         self._detach()
         self._release_open_forwards()
-        for obs in self._observers:
-            try:
-                obs.uninstrumented(self)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.uninstrumented(self))
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
@@ -336,11 +332,7 @@ class Instrumentation:
 
     def _capture_done(self, cap: Capture) -> None:
         """Tell the observers a capture completed (the OTel recorder emits its spans)."""
-        for obs in self._observers:
-            try:
-                obs.capture_done(self, cap)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.capture_done(self, cap))
 
     def reset_stats(self) -> None:
         """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
@@ -475,11 +467,7 @@ class Instrumentation:
                     self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
-        for obs in self._observers:
-            try:
-                obs.forward_done(self, state, raised, exc)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.forward_done(self, state, raised, exc))
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -589,8 +577,7 @@ class Instrumentation:
             if mode is not None:
                 mode.ledger.listener = cap.on_alloc
             cap.forward_started(t)
-        for obs in self._observers:
-            obs.forward_begin(self, state)
+        self._notify(lambda obs: obs.forward_begin(self, state))
         tls = self._tls
         tls.state = state
         hooks.activate(state)
@@ -670,6 +657,15 @@ class Instrumentation:
         self._tls.state = None
         with self._open_lock:
             self._open.pop(threading.get_ident(), None)
+
+    def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
+        """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and
+        skipped, never stopping the observers after it or the forward's attribution."""
+        for obs in self._observers:
+            try:
+                event(obs)
+            except Exception as e:
+                self._count_error("observer", e)
 
     def _count_error(self, where: str, e: BaseException) -> None:
         self.hook_errors += 1
