@@ -175,7 +175,8 @@ class TensorLedger:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, or no storage
             return
-        self.fold()  # a queued death may leave its id in _live, now carried by ``st``
+        if self._dead:  # a queued death may leave its id in _live, now carried by ``st``
+            self.fold()
         if id(st) not in self._live and self._on_device(t):
             self._register(st, st.nbytes(), born=False)
 
@@ -184,7 +185,8 @@ class TensorLedger:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, or no storage
             return
-        self.fold()  # a queued death may leave its id in _live, now carried by ``st``
+        if self._dead:  # a queued death may leave its id in _live, now carried by ``st``
+            self.fold()
         known = self._live.get(id(st))
         if known is not None:
             # a known storage came back (view, in-place, out=): it may have been resized
@@ -241,8 +243,9 @@ class TensorLedger:
         ref.layer = self.layer if born else None
         with self._lock:
             # deaths queued before this birth come off first: alloc A, free A, alloc B must peak
-            # at max(A, B), not A + B
-            self._fold_locked()
+            # at max(A, B), not A + B (checked here: a method call on every birth costs)
+            if self._dead:
+                self._fold_locked()
             if self.closed or key in self._live:
                 return
             self._live[key] = ref
