@@ -248,10 +248,13 @@ class TensorLedger:
                 self._fold_locked()
             if self.closed or key in self._live:
                 return
-            self._live[key] = ref
             if born:
-                self.allocations += 1
+                # counted before the storage is held, and _add's only signal check is on entry:
+                # a Ctrl-C never leaves a storage held whose bytes are not counted (its death
+                # would then take off bytes never added)
                 self._add(n)
+                self.allocations += 1
+            self._live[key] = ref
 
     def _add(self, n: int) -> None:
         self.current += n

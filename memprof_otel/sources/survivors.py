@@ -69,10 +69,15 @@ class SurvivorTable:
                 key = self._keys.get(k)
                 if key is None:
                     key = self._keys[k] = k
+                i = id(ref)
+                b = self._bytes.get(key, 0)
+                c = self._count.get(key, 0)
+                # no call from here to the next weakref: a Ctrl-C (raised only at calls and loop
+                # jumps) never leaves a weakref held whose bytes are not counted
                 ref.layer = key  # from now on the weakref names its bucket
-                held[id(ref)] = ref
-                self._bytes[key] = self._bytes.get(key, 0) + ref.nbytes
-                self._count[key] = self._count.get(key, 0) + 1
+                held[i] = ref
+                self._bytes[key] = b + ref.nbytes
+                self._count[key] = c + 1
             self._fold()  # deaths since the check above (a collection run by an allocation here)
 
     def _fold(self) -> None:
