@@ -95,6 +95,12 @@ def _survivor_tables() -> dict[str, dict[str, int]]:
     return {name: h.survivors.counts() for name, h in live_instrumentations().items() if h.survivors is not None}
 
 
+def _shutdown_failed(what: str, e: Exception) -> None:
+    # shutdown goes on with the other parts and returns False; without this line nothing would
+    # say which part failed, or why
+    log.warning("memprof_otel: shutdown: %s failed: %r", what, e, exc_info=e)
+
+
 def _torch_version() -> str:
     torch = sys.modules.get("torch")
     return str(getattr(torch, "__version__", "")) if torch is not None else ""
@@ -403,8 +409,9 @@ class Runtime:
             for srv in list(self.servers):
                 try:
                     srv.close()
-                except Exception:
+                except Exception as e:
                     ok = False
+                    _shutdown_failed(f"closing the endpoint server at {getattr(srv, 'url', srv)}", e)
             self.servers.clear()
             if self.snapshots is not None:  # a worker that ends leaves the single-port view at once
                 self.snapshots.remove()  # (and writes no more, though the sampler ticks on a moment)
@@ -412,8 +419,9 @@ class Runtime:
             for fn in list(self._shutdown_hooks):
                 try:
                     fn(max(0.0, deadline - time.monotonic()))
-                except Exception:
+                except Exception as e:
                     ok = False
+                    _shutdown_failed(f"shutdown hook {getattr(fn, '__qualname__', None) or repr(fn)}", e)
             self.tracker.end_phase()  # the open phase's span goes out with the final flush
             otel, self.otel = self.otel, None
             self.tracker.spans = None

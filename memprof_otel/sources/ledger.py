@@ -8,8 +8,12 @@ ledger keeps the level of live storage bytes, relative to the moment it was push
   (``torch.tensor(data)`` inside a forward): its schema says alias, but its input was built from
   Python data outside the dispatcher a moment before, so the storage is new.
 * **deaths**: every storage the ledger knows carries a weakref on its Python object (PyTorch keeps
-  that object alive exactly as long as the C++ storage); the callback subtracts its bytes when it
-  dies, in whatever thread drops it last.
+  that object alive exactly as long as the C++ storage). Its callback is a deque's bound ``append``:
+  C code, so no bytecode of ours runs inside the free, where a pending signal (Ctrl-C) would be
+  raised in a callback and lost ("Exception ignored in ..."). The queued deaths are folded into the
+  level by Python code at safe points: before every birth (so alloc A, free A, alloc B peaks at
+  max(A, B), never A + B), before every reading, and before every lookup by storage id (a dead
+  storage's id may be reused by a new one while its death is still queued).
 * **storages born before the forward** (a KV cache, swapped state, ``out=`` buffers) are
   registered, without adding bytes, the first time an op takes them as input or returns them as a
   view. When such a storage dies inside the forward (the previous cache replaced by ``torch.cat``),
@@ -17,10 +21,10 @@ ledger keeps the level of live storage bytes, relative to the moment it was push
   small buffer, ``resize_``), the growth is counted.
 
 ``close()`` drops every weakref at the end of the forward, so long-lived storages (parameters,
-caches) never accumulate callbacks across forwards; with a ``SurvivorTable`` attached, the weakrefs
-of storages born in the forward that are still alive go to it instead (their birth layer is the
-``layer`` the attribution hooks set when the storage was born), and their deaths keep being
-reported there: surviving bytes per layer, for leak detection (``survivors.py``).
+caches) never accumulate callbacks across forwards; with a ``SurvivorTable`` attached, each storage
+born in the forward that is still alive gets a new weakref whose callback queues its death on the
+table (with its birth layer: the ``layer`` the attribution hooks set when the storage was born):
+surviving bytes per layer, for leak detection (``survivors.py``).
 
 Limits, written down in docs/design.md: scratch memory a single kernel allocates and frees inside
 itself (oneDNN/MKL workspaces, fused attention) is invisible; a storage born before the forward
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +81,11 @@ class TensorLedger:
         self.device_type = device_type
         self._lock = threading.Lock()
         self._live: dict[int, _StorageRef] = {}  # id(storage) -> its weakref, holding its bytes
-        self._freed_cb = self._freed  # one bound method for every weakref (not one per storage)
+        # weakrefs of dead storages, appended by the weakref callback in whatever thread frees the
+        # storage, taken off by ``fold``; append and popleft are atomic. The callback is the
+        # deque's bound method, which holds the deque and not the ledger: no reference cycle
+        self._dead: deque[_StorageRef] = deque()
+        self._freed_cb: Callable[[_StorageRef], None] = self._dead.append
         self.current = 0
         self.peak = 0
         self.allocations = 0
@@ -97,34 +106,65 @@ class TensorLedger:
             self._on_device = lambda t: t.device.type == device_type
 
     # -- MemorySource-shaped surface ------------------------------------------------------
+    # every figure is read after folding the queued deaths: a level read before would still count
+    # storages already freed
     def allocated(self) -> int:
+        self.fold()
         return self.current
 
     def reserved(self) -> int:
-        return self.current  # the ledger keeps no cache: reserved is what is allocated
+        return self.allocated()  # the ledger keeps no cache: reserved is what is allocated
 
     # a ledger of tensor storages has no heap layout, so no fragmentation figure: readings say
     # None (absent), never 0.0 (which would read as "measured, not fragmented")
 
     def peak_since_reset(self) -> int:
-        return self.peak
+        return self.peak  # deaths never raise the peak: nothing to fold
 
     def reset_peak(self) -> None:
+        self.fold()
         self.peak = self.current
 
     def read_and_reset(self) -> Reading:
+        self.fold()
         c = self.current
         p = self.peak
         self.peak = c
         return _new_reading(Reading, (c, c, p, self.allocations, self.frees, None, p))
 
     def stats(self) -> dict[str, float]:
+        self.fold()
         return {"allocated_bytes": self.current, "allocated_peak_bytes": self.peak,
                 "allocations": self.allocations, "frees": self.frees, "live_storages": len(self._live)}
 
     def reading(self) -> Reading:
+        self.fold()
         c = self.current
         return Reading(c, c, self.peak, self.allocations, self.frees, None, self.peak)
+
+    # -- deaths ------------------------------------------------------------------------------------
+    def fold(self) -> None:
+        """Take the queued deaths off the level (any thread; no lock taken when none is queued)."""
+        if self._dead:
+            with self._lock:
+                self._fold_locked()
+
+    def _fold_locked(self) -> None:
+        # Peek, account, then pop: while a death is being accounted it is still queued, so code
+        # that reads an empty queue without the lock (the per-op lookups) never meets a key of a
+        # dead storage still in ``_live``. No call between the first change and the pop: a pending
+        # signal is raised only at calls and loop jumps, so a Ctrl-C landing here leaves the death
+        # wholly folded or still queued. A weakref the ledger no longer holds is just popped.
+        dead = self._dead
+        live = self._live
+        while dead:
+            ref = dead[0]
+            k = ref.key
+            if k in live and live[k] is ref:
+                del live[k]
+                self.current -= ref.nbytes
+                self.frees += 1
+            dead.popleft()
 
     # -- bookkeeping (the per-op work of LedgerMode, kept small: it runs for every aten op) ------
     def see(self, t: torch.Tensor) -> None:
@@ -135,6 +175,8 @@ class TensorLedger:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, or no storage
             return
+        if self._dead:  # a queued death may leave its id in _live, now carried by ``st``
+            self.fold()
         if id(st) not in self._live and self._on_device(t):
             self._register(st, st.nbytes(), born=False)
 
@@ -143,12 +185,15 @@ class TensorLedger:
             st = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested, or no storage
             return
+        if self._dead:  # a queued death may leave its id in _live, now carried by ``st``
+            self.fold()
         known = self._live.get(id(st))
         if known is not None:
             # a known storage came back (view, in-place, out=): it may have been resized
             n = st.nbytes()
             if n != known.nbytes:
                 with self._lock:
+                    self._fold_locked()  # deaths before growth: the peak must not count both
                     item = self._live.get(id(st))
                     if item is not None:
                         self._add(n - item.nbytes)
@@ -188,52 +233,69 @@ class TensorLedger:
                             self.observe_output(func, t, f)
 
     def _register(self, st: Any, n: int, born: bool) -> None:
-        # keyed by the storage object's id: PyTorch keeps one Python object per live storage, and
-        # our weakref's callback removes the key when it dies, before the id can be reused
+        # keyed by the storage object's id: PyTorch keeps one Python object per live storage; a
+        # dead one's key leaves _live when its queued death is folded, which every lookup does
+        # first when the queue is not empty
         key = id(st)
         ref = _StorageRef(st, self._freed_cb)
         ref.key = key
         ref.nbytes = n
         ref.layer = self.layer if born else None
         with self._lock:
+            # deaths queued before this birth come off first: alloc A, free A, alloc B must peak
+            # at max(A, B), not A + B (checked here: a method call on every birth costs)
+            if self._dead:
+                self._fold_locked()
             if self.closed or key in self._live:
                 return
-            self._live[key] = ref
             if born:
-                self.allocations += 1
+                # counted before the storage is held, and _add's only signal check is on entry:
+                # a Ctrl-C never leaves a storage held whose bytes are not counted (its death
+                # would then take off bytes never added)
                 self._add(n)
+                self.allocations += 1
+            self._live[key] = ref
 
     def _add(self, n: int) -> None:
         self.current += n
         if self.current > self.peak:
             self.peak = self.current
 
-    def _freed(self, ref: "_StorageRef") -> None:
-        with self._lock:
-            if self._live.get(ref.key) is ref:
-                del self._live[ref.key]
-                self.current -= ref.nbytes
-                self.frees += 1
-                return
-        survivors = self.survivors
-        if survivors is not None:  # after close: a storage that outlived its forward died
-            survivors.release(ref)
-
     def close(self) -> None:
-        """Stop tracking: drop every weakref, so no callback outlives the forward, except those of
-        storages born in the forward and still alive when a ``SurvivorTable`` is attached: it
-        holds them, and their callbacks report their deaths to it."""
+        """Stop tracking: fold the queued deaths and drop every weakref, so no callback outlives
+        the forward. With a ``SurvivorTable`` attached, each storage born in the forward and still
+        alive gets a new weakref that queues its death on the table instead (the forward's own
+        weakrefs queue here, where nothing folds any more)."""
         with self._lock:
+            self._fold_locked()
             self.closed = True
             live, self._live = self._live, {}
-            self._freed_cb = None  # drop the ledger -> bound method -> ledger cycle
             self.listener = None   # a capture's observer: not kept alive by the survivors
         survivors = self.survivors
-        if survivors is not None and live:
-            # outside our lock: a callback firing meanwhile finds nothing in ``_live`` and goes to
-            # the table, which skips or takes off whatever has died (see SurvivorTable.keep)
-            survivors.keep([r for r in live.values() if r.layer is not None], self.device_label)
+        if survivors is not None:
+            # outside our lock. Called even with nothing to hand over: the table folds the deaths
+            # queued since it was last read, so its queue never outgrows the storages it holds
+            survivors.keep(_rehomed(live.values(), survivors.on_death), self.device_label)
         live.clear()
+        self._dead.clear()  # deaths of our dropped weakrefs queued since the fold: nobody needs them
+
+
+def _rehomed(refs: Any, on_death: Callable[[Any], None]) -> list[_StorageRef]:
+    """New weakrefs, calling ``on_death``, on the storages of ``refs`` born in the forward and still
+    alive (a weakref's callback is fixed at its creation)."""
+    out = []
+    for r in refs:
+        if r.layer is None:
+            continue  # born before the forward: not the forward's survivor
+        st = r()
+        if st is None:
+            continue  # died since the fold: its death is in the closed ledger's queue
+        ref = _StorageRef(st, on_death)
+        ref.key = r.key
+        ref.nbytes = r.nbytes
+        ref.layer = r.layer
+        out.append(ref)
+    return out
 
 
 # ops whose return aliases their input by schema but whose input is a tensor just built outside the
@@ -269,13 +331,21 @@ def _dispatch(mode: "LedgerMode", func: Any, args: tuple[Any, ...], kwargs: dict
         return op(*args, **kwargs) if kwargs else op(*args)
     ledger = mode.ledger
     live = ledger._live
+    # Deaths are queued (see TensorLedger): a storage freed since the last op may still have its
+    # id in ``live`` while a new storage carries that id. A hit in ``live`` is trusted only when
+    # the queue is empty just after the lookup (the storage object was in hand by then, so any
+    # death that freed its id was queued before); otherwise the slow path folds and looks again.
+    # The queue is folded first, as storages die between ops all the time.
+    dead = ledger._dead
     try:
+        if dead:
+            ledger.fold()
         if info[3]:  # a lift's input is the new storage itself: seen as its output
             for a in args:
                 if isinstance(a, _Tensor):
                     if type(a) is not _Parameter:
                         try:
-                            if id(a.untyped_storage()) in live:
+                            if id(a.untyped_storage()) in live and not dead:
                                 continue
                         except (RuntimeError, NotImplementedError):  # sparse, nested: no storage
                             continue
@@ -294,7 +364,7 @@ def _dispatch(mode: "LedgerMode", func: Any, args: tuple[Any, ...], kwargs: dict
             try:
                 st = out.untyped_storage()
                 known = live.get(id(st))
-                if known is not None and st.nbytes() == known.nbytes:
+                if known is not None and st.nbytes() == known.nbytes and not dead:
                     return out  # a view or in-place result on a storage we hold, same size
             except (RuntimeError, NotImplementedError):
                 return out

@@ -253,6 +253,48 @@ def test_hook_failure_is_counted_and_the_forward_runs(x, monkeypatch):
         assert hooks.active_sink() is None and not hooks.installed()
 
 
+class _Observer:
+    """A forward observer that records what it is told; ``fail``: raises from every call."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.events: list[tuple[str, bool]] = []
+
+    def _seen(self, event: str, attributed: bool) -> None:
+        self.events.append((event, attributed))
+        if self.fail:
+            raise RuntimeError(f"observer bug in {event}")
+
+    def forward_begin(self, h: object, state: object) -> None:
+        self._seen("begin", state is not None)
+
+    def forward_done(self, h: object, state: object, raised: bool, exc: BaseException | None) -> None:
+        self._seen("done", state is not None)
+
+    def capture_done(self, h: object, cap: object) -> None:
+        self._seen("capture", True)
+
+    def uninstrumented(self, h: object) -> None:
+        self._seen("uninstrumented", True)
+
+
+def test_a_raising_observer_is_counted_and_stops_neither_attribution_nor_later_observers(x):
+    model = Tree()
+    plain = model(x)
+    with mp.instrument(model, **EVERY) as h:
+        broken, later = _Observer(fail=True), _Observer()
+        h._observers[:0] = [broken]
+        h._observers.append(later)
+        out = model(x)
+        assert torch.equal(out, plain)
+        assert broken.events == later.events == [("begin", True), ("done", True)]
+        assert h.hook_errors == 2  # the broken observer's begin and done, each counted
+        s = h.layer_stats()
+    assert s[""].calls == s["a"].calls == s["b.1"].calls == 1
+    assert s["b.1"].peak_increase == 20000 * F32
+    assert later.events[-1] == ("uninstrumented", True)
+
+
 def test_export_timeline_and_summary(tmp_path, x):
     import json
 

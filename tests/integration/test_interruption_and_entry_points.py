@@ -2,8 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import queue
+import random
+import signal
+import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +24,7 @@ from memprof_otel.attribution.torch import hooks
 from .models import F32, Transient, Tree
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Interrupted(nn.Module):
@@ -126,6 +135,55 @@ def test_uninstrument_neutralises_a_forward_abandoned_in_another_thread():
     go.set()
     t.join(10)
     assert torch.equal(after[0], torch.full((3,), 2.0))
+
+
+CTRL_C_SIGNALS = 60
+
+
+def test_every_ctrl_c_during_attributed_forwards_reaches_the_caller(tmp_path):
+    """SIGINT at random points of a child's attributed forwards: each one surfaces as a
+    KeyboardInterrupt in the child's loop (none is raised inside a callback of ours and lost with
+    "Exception ignored in ..."), and attribution works afterwards as before the signals.
+
+    The parent sends a signal only after the child said it is armed (inside its ``try``, after
+    the previous interrupt was handled), so the counts on both sides are well defined."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    stderr_path = tmp_path / "child.stderr"
+    rng = random.Random(20_251_125)
+    lines: queue.Queue[str] = queue.Queue()
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.integration.ctrl_c_child", str(CTRL_C_SIGNALS)],
+                                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+    reader = threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True)
+    reader.start()
+    sent = 0
+    report = None
+    try:
+        while report is None:
+            # the first line waits for torch's import; a lost signal, for the child's deadline
+            line = lines.get(timeout=120)
+            if line == "armed":
+                time.sleep(rng.uniform(0.001, 0.03))  # a random point in the forwards
+                proc.send_signal(signal.SIGINT)
+                sent += 1
+            elif line.startswith("{"):
+                report = json.loads(line)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = stderr_path.read_text(errors="replace")
+    assert report["received"] == sent, stderr[-3000:]
+    assert sent == CTRL_C_SIGNALS
+    assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert rc == 0
+    assert report["forwards"] >= 100  # the signals landed among hundreds of attributed forwards
+    # attribution alive afterwards: one forward's per-layer figures as before any signal
+    assert report["after"] == report["before"] and len(report["before"]) > 4
+    assert report["surviving_bytes"] == 0  # no death lost from the survivor table
 
 
 def test_a_submodule_called_directly_is_attributed_under_its_own_path():

@@ -251,11 +251,7 @@ class Instrumentation:
         self._closed = True
         self._detach()
         self._release_open_forwards()
-        for obs in self._observers:
-            try:
-                obs.uninstrumented(self)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.uninstrumented(self))
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
@@ -355,11 +351,7 @@ class Instrumentation:
 
     def _capture_done(self, cap: Capture) -> None:
         """Tell the observers a capture completed (the OTel recorder emits its spans)."""
-        for obs in self._observers:
-            try:
-                obs.capture_done(self, cap)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.capture_done(self, cap))
 
     def reset_stats(self) -> None:
         """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
@@ -421,16 +413,16 @@ class Instrumentation:
         tls.self_time_s = time.perf_counter() - t
         if switching and tls.state is not None:  # our post-hook is gone: close when args are released
             self._close_on_release = tls.state
-            return _ForwardArgs(args, self, threading.get_ident(), tls.state)
+            return _ForwardArgs(args, _ReleaseWatch(self, threading.get_ident(), tls.state))
         if tls.state is None or under_dynamo or tls.mode is None:
             return None
         # An attributed forward changed this thread (dispatch mode, global hooks). PyTorch runs
         # always_call hooks on Exception only: a KeyboardInterrupt, CancelledError or SystemExit
         # skips our post-hook. ``_call_impl`` holds the args tuple until the call is over, so a
         # tuple that tells us when it dies restores the thread as soon as the unwinding is done.
-        return _ForwardArgs(args, self, threading.get_ident(), tls.state)
+        return _ForwardArgs(args, _ReleaseWatch(self, threading.get_ident(), tls.state))
 
-    def _on_post(self, module: nn.Module, output: Any) -> None:
+    def _on_post(self, module: nn.Module, output: Any, args: Any = None) -> None:
         tls = self._tls
         if tls.open_key != id(module):
             return  # not the opener (or hooks registered mid-forward: we never saw its pre-hook)
@@ -442,6 +434,11 @@ class Instrumentation:
         tls.busy = True
         try:
             self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
+            if type(args) is _ForwardArgs:  # what our pre-hook returned, passed back by PyTorch
+                # closed: nothing is left to do when the args are freed, so their finalizer goes
+                # (no frame of ours runs at that free, where a pending Ctrl-C would be raised and
+                # lost). Not before the close: a Ctrl-C inside it leaves the finalizer to finish.
+                args._owner.__class__ = _DisarmedWatch
         finally:
             tls.busy = False
 
@@ -496,11 +493,7 @@ class Instrumentation:
                     self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
         self.scheduler.record(end - tls.start_s, state is not None, self_time)
-        for obs in self._observers:
-            try:
-                obs.forward_done(self, state, raised, exc)
-            except Exception as e:
-                self._count_error("observer", e)
+        self._notify(lambda obs: obs.forward_done(self, state, raised, exc))
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -627,9 +620,9 @@ class Instrumentation:
         state.begin(t)
 
     def _activate(self, state: ForwardState) -> None:
-        """Tell the observers, then route this thread's module calls to ``state``."""
-        for obs in self._observers:
-            obs.forward_begin(self, state)
+        """Tell the observers (one that raises is counted and skipped), then route this thread's
+        module calls to ``state``."""
+        self._notify(lambda obs: obs.forward_begin(self, state))
         self._tls.state = state
         hooks.activate(state)
 
@@ -756,6 +749,15 @@ class Instrumentation:
         with self._open_lock:
             self._open.pop(threading.get_ident(), None)
 
+    def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
+        """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and
+        skipped, never stopping the observers after it or the forward's attribution."""
+        for obs in self._observers:
+            try:
+                event(obs)
+            except Exception as e:
+                self._count_error("observer", e)
+
     def _count_error(self, where: str, e: BaseException) -> None:
         self.hook_errors += 1
         rate_limited.warning(f"hook:{where}", "memprof_otel: %s failed in %s hook: %r (counted; the "
@@ -798,7 +800,7 @@ class _RootHook:
 def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, under_dynamo: bool) -> Any:
     if hook.pre:
         return hook.h._on_pre(module, hook.path, args, under_dynamo)
-    hook.h._on_post(module, output)
+    hook.h._on_post(module, output, args)
     return None
 
 
@@ -832,27 +834,44 @@ class _CompiledCall:
 
 
 class _ForwardArgs(tuple):
-    """The opener's positional args, unchanged, plus a note of whose forward they belong to.
+    """The opener's positional args, unchanged, plus a ``_ReleaseWatch`` that dies with them.
 
     Returned by the pre-hook of an attributed forward (PyTorch then passes it to ``forward`` as
     ``*args``, so the model sees the same values). When ``_call_impl`` lets go of it, the call is
-    over: normally the post-hook has closed the forward already and ``__del__`` does nothing.
+    over and the watch's finalizer runs, unless the post-hook closed the forward and disarmed it.
     """
 
-    def __new__(cls, args: tuple[Any, ...], h: Instrumentation, ident: int, state: ForwardState) -> "_ForwardArgs":
+    def __new__(cls, args: tuple[Any, ...], watch: "_ReleaseWatch") -> "_ForwardArgs":
         self = super().__new__(cls, args)
-        self._owner = (h, ident, state)
+        self._owner = watch
         return self
+
+    def __reduce__(self) -> Any:  # copies and pickles are plain tuples
+        return (tuple, (tuple(self),))
+
+
+class _ReleaseWatch:
+    """Whose forward a ``_ForwardArgs`` belongs to; its finalizer closes the forward if a
+    BaseException skipped the post-hook. A separate object because a tuple subclass's class cannot
+    be changed: this one's can, to ``_DisarmedWatch`` (same slots, no finalizer)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self, h: Instrumentation, ident: int, state: ForwardState) -> None:
+        self.owner = (h, ident, state)
 
     def __del__(self) -> None:
         try:
-            h, ident, state = self._owner
+            h, ident, state = self.owner
             h._args_released(ident, state)
         except BaseException:  # noqa: BLE001 - nothing may escape a finalizer
             pass
 
-    def __reduce__(self) -> Any:  # copies and pickles are plain tuples
-        return (tuple, (tuple(self),))
+
+class _DisarmedWatch:
+    """A ``_ReleaseWatch`` whose forward closed normally: freed without running any code."""
+
+    __slots__ = ("owner",)
 
 
 class _InertHook:

@@ -1,0 +1,72 @@
+"""The child of the Ctrl-C test: a small model, every forward attributed, forwards in a loop.
+
+    python -m tests.integration.ctrl_c_child N
+
+Protocol on stdout, one line each: ``armed`` once the loop is inside its ``try`` (the parent sends
+the next SIGINT only after reading it, so every signal lands inside the ``try``, during forwards),
+and at the end one JSON line with the counts and the per-layer figures of one forward before the
+signals and one after. A signal that never surfaces as a KeyboardInterrupt leaves the loop running
+until its deadline: the child then reports fewer interrupts than the parent sent.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+import torch
+from torch import nn
+
+import memprof_otel as mp
+
+ARMED_TIMEOUT_S = 10.0  # the longest an armed loop waits for its signal
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+def _figures(h: mp.Instrumentation, model: nn.Module, x: torch.Tensor) -> dict[str, list[int]]:
+    h.reset_stats()
+    model(x)
+    return {k: [v.calls, v.peak_increase, v.retained] for k, v in sorted(h.layer_stats().items())}
+
+
+def main() -> int:
+    signals = int(sys.argv[1])
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(*(Block(64) for _ in range(4)))
+    x = torch.randn(16, 64)
+    h = mp.instrument(model, name="ctrl-c", every_n_forwards=1, overhead_budget=1.0)
+    with torch.no_grad():
+        before = _figures(h, model, x)
+        received = forwards = 0
+        while received < signals:
+            try:
+                print("armed", flush=True)  # inside the try: the signal it invites is counted
+                deadline = time.monotonic() + ARMED_TIMEOUT_S
+                while time.monotonic() < deadline:
+                    model(x)
+                    forwards += 1
+                break  # no KeyboardInterrupt came: a signal was lost
+            except KeyboardInterrupt:
+                received += 1
+        after = _figures(h, model, x)
+    gc.collect()
+    print(json.dumps({"received": received, "forwards": forwards, "before": before, "after": after,
+                      "interrupted_forwards": h.interrupted_forwards, "hook_errors": h.hook_errors,
+                      "surviving_bytes": sum(h.surviving().values())}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
