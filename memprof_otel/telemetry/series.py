@@ -50,6 +50,9 @@ _CONTAINER = {
 }
 
 
+UNATTRIBUTED_REASONS = ("concurrent", "trace_lost")  # memprof_forwards_unattributed_total's reasons
+
+
 @dataclass
 class LayerView:
     """What series needs from one instrumented model (read through ``Instrumentation``)."""
@@ -132,8 +135,10 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
             add("memprof_layer_surviving_bytes", {"model": v.model, "layer": path, "device": device}, n)
         add("memprof_overhead_seconds_total", {"model": v.model}, v.overhead_seconds)
         add("memprof_events_dropped_total", {"model": v.model}, v.events_dropped)
-        for reason, n in sorted(v.unattributed.items()):
-            add("memprof_forwards_unattributed_total", {"model": v.model, "reason": reason}, n)
+        # every reason from the start, at 0: rate() and alerts see the series before the first drop
+        for reason in UNATTRIBUTED_REASONS:
+            add("memprof_forwards_unattributed_total", {"model": v.model, "reason": reason},
+                v.unattributed.get(reason, 0))
     for name, up in sorted(me.sources_up.items()):
         add("memprof_source_up", {"source": name}, 1 if up else 0)
     for name, n in sorted(me.sampler_errors.items()):

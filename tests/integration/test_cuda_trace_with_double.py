@@ -150,7 +150,8 @@ def test_boundary_reads_drop_overlapping_forwards_and_count_them(device) -> None
         assert h8.unattributed == {"concurrent": 3} and h48.unattributed == {"concurrent": 3}
         # and the count reaches the exported series
         series = build_series(None, [_layer_view(h8)], SelfView())
-        assert series["memprof_forwards_unattributed_total"] == [({"model": "lockstep-0", "reason": "concurrent"}, 3)]
+        assert series["memprof_forwards_unattributed_total"] == [({"model": "lockstep-0", "reason": "concurrent"}, 3),
+                                                                 ({"model": "lockstep-0", "reason": "trace_lost"}, 0)]
     finally:
         h8.uninstrument()
         h48.uninstrument()
