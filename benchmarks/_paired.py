@@ -11,6 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -64,3 +65,20 @@ def paired(name: str, plain: Callable[[], None], instrumented: Callable[[], None
     q = statistics.quantiles(ratios, n=4)
     return PairedResult(name, pairs, block, statistics.median(per_forward), statistics.median(ratios),
                         sum_i / sum_p, q[0], q[2])
+
+
+def paused(h: Any, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with instrumentation handle ``h`` paused (no hook of ours attached): the plain side,
+    on the same model object as the instrumented one, so memory layouts cannot differ."""
+    def go() -> None:
+        h.pause()
+        fn()
+    return go
+
+
+def running(h: Any, fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` with ``h`` attached (resumed): the instrumented side of a pair with ``paused``."""
+    def go() -> None:
+        h.resume()
+        fn()
+    return go

@@ -56,7 +56,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import memprof_otel as mp  # noqa: E402
 from memprof_otel.sources.ledger import LedgerMode, TensorLedger  # noqa: E402
 
-from ._paired import paired  # noqa: E402
+from ._paired import paired, paused, running  # noqa: E402
 from .overhead import gpt2, gpt2_workloads  # noqa: E402
 
 
@@ -144,14 +144,7 @@ def _instrumented(name: str, model: Any, fn: Callable[[], None], variant: str, p
         extra["leaks"] = {"surviving": False}
     h = mp.instrument(model, name=f"cost-{variant}-{id(model)}", **extra)
     try:
-        def plain() -> None:
-            h.pause()
-            fn()
-
-        def inst() -> None:
-            h.resume()
-            fn()
-        return paired(name, plain, inst, pairs=pairs, block=block, clock=clock)
+        return paired(name, paused(h, fn), running(h, fn), pairs=pairs, block=block, clock=clock)
     finally:
         h.uninstrument()
 

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
 
-from ._paired import paired  # noqa: E402
+from ._paired import paired, paused, running  # noqa: E402
 
 VARIANTS = ("aa-control", "default", "every-forward", "every-forward-trace", "profiler")
 
@@ -100,14 +100,7 @@ def run_variant(variant: str, model: torch.nn.Module, name: str, fn: Callable[[]
         extra["cuda"] = {"attribution": "trace"}
     h = mp.instrument(model, name=f"cuda-cost-{variant}", **extra)
     try:
-        def plain() -> None:
-            h.pause()
-            fn()
-
-        def inst() -> None:
-            h.resume()
-            fn()
-        result = paired(label, plain, inst, pairs=pairs, block=block)
+        result = paired(label, paused(h, fn), running(h, fn), pairs=pairs, block=block)
         state = h.scheduler.state()
         print(f"    attributed {state.attributed} of {state.forwards} forwards", flush=True)
         return result

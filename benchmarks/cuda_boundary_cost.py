@@ -26,7 +26,7 @@ from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.cuda_trace import CudaAllocatorTrace
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
 
-from ._paired import paired
+from ._paired import paired, paused, running
 
 MODULES = 64
 
@@ -67,15 +67,7 @@ def main() -> int:
             model(x)
             per_forward = reads[0] - r0
             snaps = dev.snapshot_calls - s0
-
-            def plain() -> None:
-                h.pause()
-                model(x)
-
-            def inst() -> None:
-                h.resume()
-                model(x)
-            res = paired(f"every-forward {method}", plain, inst, pairs=15, block=20)
+            res = paired(f"every-forward {method}", paused(h, fwd), running(h, fwd), pairs=15, block=20)
             extra_us = (res.median_ratio - 1.0) * res.plain_s * 1e6
             print(res.row())
             print(f"    {method}: {per_forward} stats reads and {snaps} trace snapshot(s) per forward of "

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
 
-from ._paired import PairedResult, paired  # noqa: E402
+from ._paired import PairedResult, paired, paused, running  # noqa: E402
 
 MODES: dict[str, dict[str, Any]] = {
     "aa-control": {},  # both sides plain (paused): the noise floor of this machine
@@ -116,28 +116,14 @@ def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1
                 pairs = max(4, int(pairs * scale))
                 if quick:
                     pairs = max(4, pairs // 5)
-                inst = {"deep-capture": _capturing, "aa-control": _paused}.get(mode, _running)(h, fn)
+                inst = {"deep-capture": _capturing, "aa-control": paused}.get(mode, running)(h, fn)
                 with torch.inference_mode():
-                    r = paired(f"{key} [{mode}]", _paused(h, fn), inst, pairs=pairs, block=block, clock=clock)
+                    r = paired(f"{key} [{mode}]", paused(h, fn), inst, pairs=pairs, block=block, clock=clock)
                 st = h.scheduler.state()
                 print(r.row() + f"  attributed {st.attributed}/{st.forwards}", flush=True)
                 results.append(_as_dict(r, mode, st.attributed, st.forwards))
             h.uninstrument()
     return results
-
-
-def _paused(h: Any, fn: Callable[[], None]) -> Callable[[], None]:
-    def go() -> None:
-        h.pause()
-        fn()
-    return go
-
-
-def _running(h: Any, fn: Callable[[], None]) -> Callable[[], None]:
-    def go() -> None:
-        h.resume()
-        fn()
-    return go
 
 
 def _capturing(h: Any, fn: Callable[[], None]) -> Callable[[], None]:
