@@ -2,16 +2,18 @@
 
 A traced forward tags its thread with ``<tag><i>`` at its i-th module boundary (root entry is 0),
 so every allocator event it causes between boundary i and i+1 carries ``<tag><i>``. Replaying the
-events in trace order rebuilds, for each boundary, the ``Reading`` the per-boundary method read
-from the allocator: the level of allocated bytes then, and the peak since the previous boundary
+events in trace order rebuilds, for each boundary, a ``Reading`` shaped like the per-boundary
+method's: the level of requested bytes then, and the peak since the previous boundary
 (the peak register is reset at each boundary, so it restarts at the level there). The
 ``PeakTracker`` then runs on these readings exactly as on live ones.
 
-Which events move which figure (``c10/cuda/CUDACachingAllocator.cpp``): ``allocated_bytes`` rises
-by the block size at ``alloc`` and falls at ``free_requested`` (a block whose stream work is still
-pending is freed for the stats there, and only returned to the pool at ``free_completed``);
-``reserved_bytes`` moves at ``segment_alloc``/``segment_free`` and, with expandable segments,
-``segment_map``/``segment_unmap``. Events of other threads or other forwards carry other tags and
+Which events move which figure (``c10/cuda/CUDACachingAllocator.cpp``): the trace records each
+allocation's *requested* size (``orig_size``) at ``alloc`` and the same at ``free_requested`` (a block
+whose stream work is still pending is freed for the stats there, and only returned to the pool at
+``free_completed``), so the level rebuilt here is torch's ``requested_bytes``, not
+``allocated_bytes`` (block sizes: 512 B rounding and large blocks' unsplit remainders, which no event
+carries); ``reserved_bytes`` moves at ``segment_alloc``/``segment_free`` and, with expandable
+segments, ``segment_map``/``segment_unmap``. Events of other threads or other forwards carry other tags and
 are skipped: each forward sees its own thread's allocations only. Pure: no torch.
 """
 from __future__ import annotations

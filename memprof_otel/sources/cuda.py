@@ -21,8 +21,8 @@ __all__ = ["CudaAllocatorSource", "CudaPeakWatch", "ResetPeakFn", "StatsFn", "av
            "device_uuids"]
 
 StatsFn = Callable[[int], Mapping[str, Any]]
-_new_reading = tuple.__new__  # Reading(...) through its Python __new__ costs 3x more
 ResetPeakFn = Callable[[int], None]
+_new_reading = tuple.__new__  # Reading(...) through its Python __new__ costs 3x more
 
 
 def _unavailable_reason(device_index: int | None = None) -> str | None:

@@ -1,5 +1,5 @@
-"""torch's CUDA allocator trace, armed only while attributed forwards run: exact per-layer figures
-without reading the allocator at every module boundary.
+"""torch's CUDA allocator trace, armed only while attributed forwards run: per-layer figures, per
+thread, without reading the allocator at every module boundary (``cuda.attribution: trace``).
 
 Reading ``torch._C._cuda_memoryStats`` at each boundary (about 10-19 us on an H100, plus resetting
 the device's one peak register) made an attributed GPT-2 forward cost 2-3x a plain one, and the
@@ -8,8 +8,8 @@ allocator's own history (``torch.cuda.memory._record_memory_history`` without st
 alloc and free with the recording thread's ``user_metadata`` string (``_cuda_setMemoryMetadata``,
 thread-local, ~0.3 us a call). So a forward tags its thread with ``<forward tag><boundary index>``
 at each boundary and, at its end, takes one snapshot and folds the events that carry its tag
-(``attribution/trace_fold.py``): the same readings a per-boundary read would have given, per thread,
-without touching torch's peak counters.
+(``attribution/trace_fold.py``): readings shaped like a per-boundary read's, in requested bytes
+(what the trace records), per thread, without touching torch's peak counters.
 
 The history ring is process-wide: it is armed (and cleared) when the first traced forward starts
 and disarmed when the last one in flight ends, so its snapshot holds only the events since then.
@@ -35,7 +35,7 @@ _SKIPPED = ["free_completed", "snapshot"]  # torch's action names (``_record_mem
 
 @dataclass(frozen=True)
 class TraceFns:
-    """The four torch calls the trace needs (``torch._C`` names in the comments)."""
+    """The torch calls the trace needs (``torch._C`` names in the comments)."""
     arm: Callable[[int, bool], None]           # _cuda_record_memory_history("all", None, ...) (max_entries, clear)
     disarm: Callable[[], None]                 # _cuda_record_memory_history(None, ...)
     snapshot: Callable[[], dict[str, Any]]     # _cuda_memorySnapshot

@@ -60,8 +60,8 @@ _perf_counter = time.perf_counter
 
 class ForwardState:
     __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
-                 "on_error", "self_time_s", "listener", "births", "shared_counter", "overlapped", "_read", "_enter_t",
-                 "_exit_t")
+                 "on_error", "self_time_s", "listener", "births", "shared_counter", "overlapped", "lost", "_read",
+                 "_enter_t", "_exit_t")
 
     def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
                  baseline: int, on_error: Callable[[str, BaseException], None],
@@ -85,6 +85,7 @@ class ForwardState:
         # hold only if no other forward ran meanwhile; ``overlapped`` says one was open at the start
         self.shared_counter = False
         self.overlapped = False
+        self.lost: str | None = None  # why the forward's figures could not be had, if so (trace)
         # bound once: these run on every module call of the forward
         self._read = counter.read_and_reset
         self._enter_t = self.tracker.enter
@@ -121,6 +122,9 @@ class ForwardState:
         except Exception as e:
             self.on_error("layer_exit", e)
         self.self_time_s += _perf_counter() - t
+
+    def release(self) -> None:
+        """Give back what the forward holds beyond this thread (idempotent); nothing here."""
 
     def finish(self, now_s: float, raised: bool) -> list[LayerCall]:
         """Close the root frame (and any frame a failing hook left open); returns every call."""

@@ -66,6 +66,14 @@ _DROP_WHY = {
 }
 
 
+def _share_counter(state: ForwardState, shared: bool) -> None:
+    """Mark a forward whose counter is the device's (CUDA allocator statistics), shared by every
+    thread: its figures hold only if no other forward runs meanwhile, checked now (another thread
+    has one open; ours is in ``_open_threads`` already) and again at its end (``_dropped``)."""
+    state.shared_counter = shared
+    state.overlapped = shared and len(_open_threads) > 1
+
+
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
     return [], []
 
@@ -600,10 +608,7 @@ class Instrumentation:
                 baseline = host.reading().allocated
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, baseline,
                              self._count_error, record_events=self._events.maxlen != 0)
-        # the allocator's counters are the device's, shared by every thread: figures hold only if
-        # no other forward ran meanwhile (checked again at the end)
-        state.shared_counter = mode is None and device.type == "cuda"
-        state.overlapped = state.shared_counter and len(_open_threads) > 1
+        _share_counter(state, mode is None and device.type == "cuda")
         if mode is not None:
             state.births = mode.ledger
         if cap is not None:
@@ -683,8 +688,7 @@ class Instrumentation:
             return
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
                              self._count_error, record_events=self._events.maxlen != 0)
-        state.shared_counter = device.type == "cuda"
-        state.overlapped = state.shared_counter and len(_open_threads) > 1
+        _share_counter(state, device.type == "cuda")
         self._tls.state = state
         state.begin(t)
 
@@ -710,8 +714,8 @@ class Instrumentation:
 
     def _dropped(self, state: ForwardState) -> str | None:
         """Why this forward's figures must not be published, or None."""
-        if isinstance(state, TracedForwardState):
-            return "trace_lost" if state.lost is not None else None
+        if state.lost is not None:
+            return "trace_lost"
         if state.shared_counter:
             others_opened = next(_opened) - self._tls.opened > 1
             # our own thread left _open_threads in _close already: any entry is another forward
@@ -738,11 +742,11 @@ class Instrumentation:
         except Exception as e:
             self._count_error("mode_exit", e)
         state = self._tls.state
-        if isinstance(state, TracedForwardState):
+        if state is not None:
             try:
-                state.release()  # the trace ring is process-wide: give our share back
+                state.release()  # a traced forward's share of the process-wide trace ring
             except Exception as e:
-                self._count_error("trace_release", e)
+                self._count_error("release", e)
         if hooks.active_sink() is state and state is not None:
             hooks.deactivate()
         self._tls.state = None

@@ -3,8 +3,9 @@
 At each boundary it only notes the boundary and tags the thread's allocator events with the
 boundary's index (``sources/cuda_trace.py``); at the end it takes one snapshot of the allocator
 trace, rebuilds the readings a per-boundary read would have given (``attribution/trace_fold.py``)
-and replays the boundaries through ``ForwardState``'s own accounting, so per-layer figures, events
-and their semantics are those of the per-boundary method, at a fraction of its cost.
+and replays the boundaries through ``ForwardState``'s own accounting, so per-layer figures and
+events are built as by the per-boundary method, at a fraction of its cost — in requested bytes,
+which is what the trace records (``trace_fold.py``).
 """
 from __future__ import annotations
 
@@ -39,8 +40,7 @@ class _TraceMarks:
 
 
 class TracedForwardState(ForwardState):
-    __slots__ = ("trace", "ticket", "device_index", "marks", "boundaries", "base_allocated", "base_reserved",
-                 "lost")
+    __slots__ = ("trace", "ticket", "device_index", "marks", "boundaries", "base_allocated", "base_reserved")
 
     def __init__(self, paths: dict[int, str], root_key: int, root_path: str, origin_s: float, baseline: int,
                  on_error: Callable[[str, BaseException], None], record_events: bool, *,
@@ -51,11 +51,10 @@ class TracedForwardState(ForwardState):
         self.ticket = ticket
         self.device_index = device_index
         self.marks = marks
-        # (True, path, key, t) for an entry, (False, None, key, t, raised) for an exit
+        # (True, path, key, t, False) for an entry, (False, None, key, t, raised) for an exit
         self.boundaries: list[tuple] = []
         self.base_allocated = base.allocated
         self.base_reserved = base.reserved
-        self.lost: str | None = None  # why the forward's figures were dropped, if they were
 
     # Boundaries are only noted here; ForwardState's accounting runs on them in finish().
     def _enter(self, path: str, key: int, t: float) -> None:
