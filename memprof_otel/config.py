@@ -476,12 +476,45 @@ class LeaksConfig:
     confidence: float = _f(0.999, _float(0.5, 0.9999), "two-sided confidence of the slope's interval")
 
 
+def _sizes_list(v: Any) -> tuple[int, ...]:
+    """A list of positive whole numbers (sequence lengths), sorted, duplicates dropped."""
+    items = v.split(",") if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple)):
+        raise ValueError(f"expected a list of positive integers, got {_shown(v)}")
+    out = set()
+    for x in items:
+        n = _int(1, 1 << 30)(x.strip() if isinstance(x, str) else x)
+        out.add(n)
+    if len(out) > 32:
+        raise ValueError(f"at most 32 values (one series each), got {len(out)}")
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """The memory model of each instrumented model: headroom before OOM and the largest safe batch
+    (docs/capacity.md)."""
+    enabled: bool = _f(True, _bool, "learn each model's peak as a function of its input shape")
+    max_shapes: int = _f(64, _int(4, 4096), "distinct input shapes kept per model (least recently seen "
+                         "dropped)")
+    margin_ratio: float = _f(0.05, _float(0.0, 0.9), "share of the limit kept free (the larger of this "
+                             "and margin_bytes)")
+    margin_bytes: int = _f(0, _size, "bytes kept free under the limit (the larger of this and margin_ratio)")
+    seq_lens: tuple[int, ...] = _f((), _sizes_list, "sequence lengths of the max-safe-batch table "
+                                   "(empty: the largest ones seen, up to 8)")
+    batch: int | None = _f(None, _int(1, 1 << 30, optional=True), "batch size for which the largest safe "
+                           "sequence length is reported (null: none)")
+    recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
+                              "is the one the headroom gauge is computed for")
+
+
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
     "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
     "cuda": CudaConfig,
     "workers": WorkersConfig,
     "leaks": LeaksConfig,
+    "capacity": CapacityConfig,
 }
 
 
@@ -499,6 +532,7 @@ class Config:
     cuda: CudaConfig = field(default_factory=CudaConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     leaks: LeaksConfig = field(default_factory=LeaksConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form; the token is masked."""

@@ -80,6 +80,26 @@ METRICS: tuple[MetricDef, ...] = (
               "(source=allocator) is significant, else 0", ("source", "device")),
     MetricDef("memprof_layer_leak_suspected", "memprof.layer.leak_suspected", "", "gauge",
               "1 while the growth of the layer's surviving bytes is significant, else 0", _L),
+    # capacity: the memory model of each instrumented model (docs/capacity.md)
+    MetricDef("memprof_capacity_predicted_peak_bytes", "memprof.capacity.predicted_peak", "By", "gauge",
+              "Predicted peak increase of one forward (bytes above the level at its entry) for the largest "
+              "input shape seen in the last capacity.recent_window", ("model", "device")),
+    MetricDef("memprof_capacity_measured_peak_bytes", "memprof.capacity.measured_peak", "By", "gauge",
+              "Measured peak increase (median of the attributed forwards) of that same largest recent shape",
+              ("model", "device")),
+    MetricDef("memprof_capacity_headroom_bytes", "memprof.capacity.headroom", "By", "gauge",
+              "Bytes left under the limit once the largest recent shape's predicted peak, its fit error, "
+              "what is in use now and the margin are taken off; below 0 it would not fit now",
+              ("model", "device")),
+    MetricDef("memprof_capacity_max_safe_batch", "memprof.capacity.max_safe_batch", "{sequence}", "gauge",
+              "Largest batch predicted to fit now at this sequence length (0: not even one)",
+              ("model", "device", "seq_len")),
+    MetricDef("memprof_capacity_fit_error_ratio", "memprof.capacity.fit_error", "1", "gauge",
+              "Worst relative error of the memory model on shapes it was not fitted on (leave-one-shape-out)",
+              ("model", "device")),
+    MetricDef("memprof_capacity_usable_bytes", "memprof.capacity.usable", "By", "gauge",
+              "Memory the device's forwards may use: the limit named by 'limit' minus what other processes "
+              "and this process's non-allocator memory hold, minus the margin", ("device", "limit")),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),
