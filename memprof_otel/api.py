@@ -26,8 +26,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def instrument(model: nn.Module, name: str | None = None, config: Any = None,
+               shape_of: Callable[[tuple, dict], dict[str, int]] | None = None,
                **overrides: Any) -> Instrumentation:
-    """Attach memprof_otel to ``model``; returns the handle (also a context manager)."""
+    """Attach memprof_otel to ``model``; returns the handle (also a context manager).
+
+    ``shape_of(args, kwargs) -> {"batch": .., "seq_len": ..}``: the input-shape features the memory
+    model fits each forward's peak on, for models whose inputs the default does not read (it takes
+    batch and sequence length of the token tensor and a KV cache's length)."""
     rt = runtime()
     # a config given to start_monitoring() is the process's: models instrumented later use it (not
     # one adopted from an earlier instrument() call, whose overrides belong to that model)
@@ -36,7 +41,7 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
     if not (isinstance(config, Config) and not overrides):
         # the caller's config and kwargs strict; a bad MEMPROF_OTEL_* never stops the model
         config = rt.resolve_config(config, **overrides)
-    h = attach(model, name, config)
+    h = attach(model, name, config, shape_of)
     rt.connect(h)
     return h
 

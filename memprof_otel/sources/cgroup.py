@@ -135,6 +135,11 @@ class CgroupSource:
     def dirs(self) -> CgroupDirs:
         return self._dirs
 
+    def memory_limit(self) -> int | None:
+        """The memory limit in force (the tightest of the cgroup and its ancestors), None when
+        unlimited; re-read at most every ``LIMIT_TTL_S``."""
+        return self._limits.get()[1]
+
     def stats(self) -> dict[str, float]:
         """``memory_usage_bytes``, ``memory_working_set_bytes``, ``oom_kills`` (when the kernel reports it), ``cpu_limit_cores`` (when a quota is
         set). An unreadable file leaves its figures out; never raises."""

@@ -130,7 +130,8 @@ class CudaAllocatorSource:
     available_devices = staticmethod(available_devices)
 
     def __init__(self, device_index: int, *, stats_fn: StatsFn | None = None,
-                 reset_peak_fn: ResetPeakFn | None = None) -> None:
+                 reset_peak_fn: ResetPeakFn | None = None,
+                 mem_info_fn: Callable[[int], tuple[int, int]] | None = None) -> None:
         if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
             raise ValueError(f"device_index must be an int >= 0, not {device_index!r}")
         if stats_fn is None or reset_peak_fn is None:
@@ -141,6 +142,8 @@ class CudaAllocatorSource:
         self.device_index: int = device_index
         self._stats_fn: StatsFn = stats_fn
         self._reset_peak_fn: ResetPeakFn = reset_peak_fn
+        self._mem_info_fn = mem_info_fn
+        self._name_of_device: str | None = None
         # Guards the read-fold-reset sequence so a concurrent stats() cannot observe a reset
         # device peak before it has been folded into the lifetime maxima.
         self._lock = threading.Lock()
@@ -166,6 +169,23 @@ class CudaAllocatorSource:
 
     def reading(self) -> Reading:
         return cuda_stats.reading(self._read())
+
+    def device_memory(self) -> tuple[int, int, bool] | None:
+        """(free, total, is a MIG slice) of the device as the driver sees it (``cudaMemGetInfo``:
+        every process's use and this one's non-allocator memory counted; a MIG slice's own
+        figures inside one). No synchronisation; a few microseconds. None before CUDA is
+        initialised: asking would create a context (see ``_default_fns``)."""
+        if self._mem_info_fn is not None:
+            free, total = self._mem_info_fn(self.device_index)
+            return int(free), int(total), False
+        import torch  # loaded already: this source only exists where torch has CUDA
+
+        if not torch.cuda.is_initialized():
+            return None
+        if self._name_of_device is None:
+            self._name_of_device = str(torch.cuda.get_device_name(self.device_index))
+        free, total = torch.cuda.mem_get_info(self.device_index)
+        return int(free), int(total), " MIG " in f" {self._name_of_device} "
 
     def reset_peak(self) -> None:
         """Fold the device peaks into the lifetime maxima, then reset them.

@@ -32,6 +32,9 @@ from ..scheduler import AttributionScheduler
 from ..selection import OTHER, filters_selecting_nothing, select_layers
 from ..stats import LayerAccumulator, LayerMemoryStats
 from ..windows import WindowFigures, WindowedPeaks
+from ...capacity.model import Prediction
+from ...capacity.service import Capacity
+from ...capacity.shapes import ShapeOf
 from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
@@ -101,12 +104,13 @@ class _ThreadLocal(threading.local):
     capture: Capture | None = None
     busy = False                 # inside our own hook code (a __del__ must not interleave)
     opened = 0                   # this forward's place in the process-wide count of openings
+    shape: dict[str, int] | None = None  # the attributed forward's shape features (capacity model)
 
 
 class Instrumentation:
     """The handle ``instrument()`` returns. ``uninstrument()`` is idempotent."""
 
-    def __init__(self, model: nn.Module, name: str, config: Config) -> None:
+    def __init__(self, model: nn.Module, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
         self.name = name
         self.config = config
         self._model_ref = weakref.ref(model)
@@ -163,6 +167,9 @@ class Instrumentation:
         self._handles: list[Any] = []
         # module id -> a weak reference to one of its tensors: where a forward opened by it runs
         self._device_probes: dict[int, Callable[[], torch.Tensor | None]] = {}
+        # the memory model: each measured forward's shape and root peak (docs/capacity.md)
+        self.capacity: Capacity | None = (Capacity(config.capacity, shape_of)
+                                          if config.capacity.enabled else None)
         self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
@@ -176,7 +183,10 @@ class Instrumentation:
             return
         handles = []
         for path, mod in self._entry_points(model):
-            handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path)))
+            # the root's pre-hook sees keyword arguments too: a forward's shape is often only there
+            # (generate() calls model(**inputs)); other entry points need only their positional args
+            handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path, path == ""),
+                                                         with_kwargs=path == ""))
             handles.append(mod.register_forward_hook(_RootHook(self, False, path), always_call=True))
         self._handles = handles
 
@@ -320,6 +330,29 @@ class Instrumentation:
         return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
                 if v.avg_fragmentation is not None}
 
+    # ---- capacity ---------------------------------------------------------------------------
+    def _capacity_on(self) -> Capacity:
+        if self.capacity is None:
+            raise MemprofError(f"{self.name!r}: the memory model is off (capacity.enabled: false)")
+        return self.capacity
+
+    def predict_peak(self, **features: int) -> Prediction:
+        """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
+        with the model's error on shapes it was not fitted on and whether this shape lies outside
+        those seen. ``peak_bytes`` is None, with ``reason``, when the model cannot answer yet."""
+        return self._capacity_on().predict(features)
+
+    def fits(self, *, unknown: bool = True, **features: int) -> bool:
+        """Would one forward of this shape fit in the memory its device has available now, with
+        the margin and the fit's error taken off? ``unknown`` is the answer when the model or the
+        limit cannot tell (too few shapes seen yet): letting traffic through by default."""
+        return self._capacity_on().fits(self.last_device, features, unknown)
+
+    def headroom(self, **features: int) -> dict[str, Any]:
+        """The ``/v1/headroom`` document: with features, the prediction and whether it fits; without,
+        the largest safe batch per sequence length."""
+        return self._capacity_on().answer(self.last_device, features or None)
+
     def events(self) -> list[dict[str, Any]]:
         with self._events_lock:
             kept = list(self._events)
@@ -370,7 +403,8 @@ class Instrumentation:
             self._events.clear()
 
     # ---- hooks -----------------------------------------------------------------------------
-    def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False) -> Any:
+    def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False,
+                kwargs: dict[str, Any] | None = None) -> Any:
         if (under_dynamo and path == "" and getattr(module, "_compiled_call_impl", None) is not None
                 and not isinstance(module._compiled_call_impl, _CompiledCall) and not self._closed and self._owns(module, path)):
             # m.compile() after instrument(): drop our local hooks before Dynamo looks at forward
@@ -413,6 +447,9 @@ class Instrumentation:
                     self._begin(module, path, t, cap, compiled)
                 elif self.scheduler.should_attribute():
                     self._begin(module, path, t, None, compiled)
+                tls.shape = None
+                if tls.state is not None and not path and self.capacity is not None:
+                    tls.shape = self._shape(args, kwargs)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -465,6 +502,14 @@ class Instrumentation:
                 self._recover(tls)
             finally:
                 tls.busy = False
+
+    def _shape(self, args: Any, kwargs: dict[str, Any] | None) -> dict[str, int] | None:
+        try:
+            return self.capacity.features(tuple(args), kwargs or {})  # type: ignore[union-attr]
+        except Exception as e:  # a user's shape_of that raises: counted, the forward unmodelled
+            self.capacity.shape_errors += 1  # type: ignore[union-attr]
+            self._count_error("shape_of", e)
+            return None
 
     def _owns(self, module: nn.Module, path: str) -> bool:
         # a deep copy of the model carries our hook dicts: its modules are not ours to count
@@ -705,6 +750,11 @@ class Instrumentation:
             return
         self._stats.merge(calls, baseline=state.baseline)
         self._windows.merge(calls, state.baseline, t)
+        shape, self._tls.shape = self._tls.shape, None
+        if shape and not raised and self.capacity is not None:
+            root = next((c for c in reversed(calls) if c[0] == state.root_path), None)
+            if root is not None:  # the opener's own call: the forward's peak above its entry level
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
         if state.events:
             with self._events_lock:
                 overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
@@ -776,14 +826,16 @@ class _RootHook:
     inert hook instead of the handle and its locks.
     """
 
-    __slots__ = ("h", "pre", "path")
+    __slots__ = ("h", "pre", "path", "kw")
 
-    def __init__(self, h: Instrumentation, pre: bool, path: str) -> None:
+    def __init__(self, h: Instrumentation, pre: bool, path: str, kw: bool = False) -> None:
         self.h = h
         self.pre = pre
         self.path = path
+        self.kw = kw  # a pre-hook registered with_kwargs: gets them, returns (args, kwargs)
 
     def __call__(self, module: nn.Module, args: Any, output: Any = None) -> Any:
+        # ``output`` is the keyword arguments for a pre-hook registered with_kwargs
         if _is_compiling():
             # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
             # graph break, no changed output); the eager hooks around the region do the work
@@ -803,7 +855,10 @@ class _RootHook:
 
 def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, under_dynamo: bool) -> Any:
     if hook.pre:
-        return hook.h._on_pre(module, hook.path, args, under_dynamo)
+        if not hook.kw:
+            return hook.h._on_pre(module, hook.path, args, under_dynamo)
+        new_args = hook.h._on_pre(module, hook.path, args, under_dynamo, output)
+        return None if new_args is None else (new_args, output)
     hook.h._on_post(module, output, args)
     return None
 
@@ -827,7 +882,7 @@ class _CompiledCall:
         if _is_compiling():
             return self.inner(*args, **kwargs)
         model = self.h._model_ref()
-        self.h._on_pre(model, "", args, True)
+        self.h._on_pre(model, "", args, True, kwargs)
         ok = False
         try:
             out = self.inner(*args, **kwargs)
@@ -902,7 +957,7 @@ def _tensor_device(t: torch.Tensor | None) -> torch.device:
     return t.device if t is not None else torch.device("cpu")  # no tensor: a CPU-only module
 
 
-def attach(model: nn.Module, name: str | None = None, config: Any = None,
+def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_of: ShapeOf | None = None,
            **overrides: Any) -> Instrumentation:
     """Hook ``model`` and return its handle, not yet connected to any exporter: ``mp.instrument``
     does this, then hands the handle to the process runtime. ``config`` None: defaults + env."""
@@ -929,7 +984,10 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None,
         if isinstance(model, nn.TransformerEncoderLayer):
             rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
                                  "loses its fused fast path to our root hook; instrument its parent")
-        h = Instrumentation(model, name, cfg)
+        if shape_of is not None and not callable(shape_of):
+            raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
+                                       f"got {type(shape_of).__name__}")
+        h = Instrumentation(model, name, cfg, shape_of)
         _LIVE[name] = h
     _INSTRUMENTED[model] = h
     _report_degradations(h)

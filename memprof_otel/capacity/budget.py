@@ -1,0 +1,64 @@
+"""The memory a device's forwards may still use: which limit applies, what is already held, and
+the margin kept free. Pure arithmetic over readings the caller took (``budget_reader``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CUDA_DEVICE, MIG, CGROUP, PHYSICAL = "cuda_device", "mig", "cgroup", "physical"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``usable_bytes`` = limit - held elsewhere - margin; ``available_bytes`` = usable - in use.
+
+    On CUDA, ``held_elsewhere`` is what other processes and this process's non-allocator memory
+    (CUDA context, cuBLAS workspaces, NCCL) take from the device, and ``in_use`` is the caching
+    allocator's allocated bytes: blocks it has reserved but not handed out are free to a forward.
+    On CPU nothing is held elsewhere that the limit does not already count, and ``in_use`` is the
+    cgroup's working set (or, without a cgroup limit, the machine's used memory).
+    """
+    device: str
+    limit: str              # which limit: cuda_device | mig | cgroup | physical
+    limit_bytes: int
+    held_elsewhere_bytes: int
+    in_use_bytes: int
+    margin_bytes: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def usable_bytes(self) -> int:
+        return self.limit_bytes - self.held_elsewhere_bytes - self.margin_bytes
+
+    @property
+    def available_bytes(self) -> int:
+        return self.usable_bytes - self.in_use_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "limit": self.limit, "limit_bytes": self.limit_bytes,
+                "held_elsewhere_bytes": self.held_elsewhere_bytes, "in_use_bytes": self.in_use_bytes,
+                "margin_bytes": self.margin_bytes, "usable_bytes": self.usable_bytes,
+                "available_bytes": self.available_bytes, "notes": list(self.notes)}
+
+
+def margin(limit_bytes: int, ratio: float, fixed: int) -> int:
+    return max(int(fixed), int(limit_bytes * ratio))
+
+
+def cuda_budget(device: str, total: int, free: int, reserved: int, allocated: int, mig: bool,
+                margin_ratio: float, margin_bytes: int) -> Budget:
+    """From ``cudaMemGetInfo`` (free/total of the device or MIG slice, everyone's use counted) and
+    the allocator's reserved/allocated: held elsewhere = total - free - our reserved."""
+    return Budget(device, MIG if mig else CUDA_DEVICE, total, max(0, total - free - reserved), allocated,
+                  margin(total, margin_ratio, margin_bytes))
+
+
+def host_budget(cgroup_limit: int | None, cgroup_working_set: int | None, physical_total: int,
+                physical_available: int, margin_ratio: float, margin_bytes: int) -> Budget:
+    """The cgroup's limit when one is set (and below the machine's memory), else the machine's."""
+    if cgroup_limit is not None and cgroup_limit < physical_total and cgroup_working_set is not None:
+        return Budget("cpu", CGROUP, cgroup_limit, 0, cgroup_working_set,
+                      margin(cgroup_limit, margin_ratio, margin_bytes))
+    notes = () if cgroup_limit is None else ("the cgroup limit is above physical memory",)
+    return Budget("cpu", PHYSICAL, physical_total, 0, physical_total - physical_available,
+                  margin(physical_total, margin_ratio, margin_bytes), notes)

@@ -1,0 +1,65 @@
+"""Reads the budget of a device now (the I/O half of ``budget.py``), cached briefly so a server
+can ask before every request: the limit and what others hold move on the sampler's time scale,
+not a request's."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import psutil
+
+from ..sources import registry
+from .budget import Budget, cuda_budget, host_budget
+
+TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
+
+
+class BudgetReader:
+    def __init__(self, margin_ratio: float, margin_bytes: int, ttl_s: float = TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.margin_ratio = margin_ratio
+        self.margin_bytes = margin_bytes
+        self._ttl = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Budget | None, str | None]] = {}
+
+    def read(self, device: str) -> tuple[Budget | None, str | None]:
+        """(budget, None) or (None, why there is none)."""
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(device)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1], hit[2]
+        try:
+            budget, why = self._read(device)
+        except Exception as e:  # a source failing is an answer without a limit, never an error
+            budget, why = None, f"reading the limit failed: {type(e).__name__}: {e}"
+        with self._lock:
+            self._cache[device] = (now, budget, why)
+        return budget, why
+
+    def _read(self, device: str) -> tuple[Budget | None, str | None]:
+        if device.startswith("cuda"):
+            index = int(device.partition(":")[2] or 0)
+            src = registry.cuda_allocator(index)
+            if src is None:
+                return None, f"{device}: no CUDA allocator source ({registry.down_reasons().get(device, 'unavailable')})"
+            mem = src.device_memory()
+            if mem is None:
+                return None, f"{device}: CUDA is not initialised in this process yet"
+            free, total, mig = mem
+            r = src.reading()
+            return cuda_budget(device, total, free, r.reserved, r.allocated, mig,
+                               self.margin_ratio, self.margin_bytes), None
+        if device != "cpu":
+            return None, f"no memory limit is known for device {device!r}"
+        cg = registry.cgroup()
+        limit = working_set = None
+        if cg is not None:
+            limit = cg.memory_limit()
+            working_set = cg.stats().get("memory_working_set_bytes")
+        vm = psutil.virtual_memory()
+        return host_budget(limit, int(working_set) if working_set is not None else None, int(vm.total),
+                           int(vm.available), self.margin_ratio, self.margin_bytes), None
