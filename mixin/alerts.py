@@ -273,6 +273,92 @@ def gpu_memory_near_full(c: Ctx) -> Rule:
         "peak may fail with an out-of-memory error.")
 
 
+# capacity: the memory model of each instrumented model (memprof_capacity_*). Its figures are per
+# (model, device) of one process; the target labels and these two pair them one to one.
+CAPACITY_ON = "on(instance, job, worker, model, device)"
+
+
+def _count_words(n: float) -> str:
+    """1 -> 'one', 2 -> 'two', ... up to ten; other numbers as written in PromQL."""
+    words = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    return words[int(n) - 1] if float(n).is_integer() and 1 <= n <= 10 else number(n)
+
+
+@alert("MemprofHeadroomLow")
+def headroom_low(c: Ctx) -> Rule:
+    p = c.params
+    peaks = p["peaks"]
+    predicted = c.m("memprof_capacity_predicted_peak_bytes")
+    more = "one more" if peaks == 1 else f"{number(peaks)} more"
+    one = peaks == 1
+    return Rule(
+        "MemprofHeadroomLow",
+        f"{c.m('memprof_capacity_headroom_bytes')}\n"
+        f"  < {CAPACITY_ON}\n"
+        f"  {predicted if peaks == 1 else f'({predicted} * {number(peaks)})'}",
+        "{{ $labels.model }} on {{ $labels.device }} at {{ $labels.instance }} has headroom for less than "
+        f"{more} of its largest recent forwards",
+        f"For {duration_words(p['for'])} the headroom of model {{{{ $labels.model }}}} on {{{{ $labels.device }}}} "
+        "of {{ $labels.instance }} ({{ $value | humanize1024 }}B: what is left under the limit once the "
+        "predicted peak of its largest recent input shape, the fit error, the memory in use now and the "
+        "margin are taken off) has been smaller than "
+        f"{'that predicted peak' if one else f'{number(peaks)} times that predicted peak'}. "
+        f"At most {_count_words(peaks)} forward{'' if one else 's'} of that shape fit{'s' if one else ''} "
+        f"now: {_count_words(peaks + 1)} at once, or memory in use growing by {more} such "
+        f"peak{'' if one else 's'}, would run out of memory. GET /v1/headroom on the endpoint (or "
+        "memprof-otel headroom) gives the largest batch that fits now per sequence length.",
+        comment="The headroom already has the largest recent shape's predicted peak (plus its fit error), what\n"
+                "is in use now and the margin taken off, so headroom < predicted peak means room for that\n"
+                "forward once but not twice: concurrent requests of that size, or the memory in use growing\n"
+                "by one such peak (a KV cache, a second model), would OOM. `peaks` is how many more such\n"
+                "peaks must fit (raise it to the concurrency you serve). 10m: the memory in use moves with\n"
+                "every request, so a short dip is normal; this is a capacity warning, not an imminent\n"
+                "failure (MemprofHeadroomExhausted is that).")
+
+
+@alert("MemprofHeadroomExhausted")
+def headroom_exhausted(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofHeadroomExhausted",
+        f"{c.m('memprof_capacity_headroom_bytes')} < 0",
+        "Largest recent forward of {{ $labels.model }} on {{ $labels.device }} at {{ $labels.instance }} "
+        "would not fit now",
+        f"For {duration_words(p['for'])} the headroom of model {{{{ $labels.model }}}} on {{{{ $labels.device }}}} "
+        "of {{ $labels.instance }} has been below zero ({{ $value | humanize1024 }}B): its largest input "
+        "shape of the recent window, sent now, is predicted to need more memory than is left under the "
+        "limit (fit error and margin included). The next request of that size will probably fail with "
+        "an out-of-memory error. GET /v1/headroom on the endpoint (or memprof-otel headroom) gives the "
+        "largest batch that fits now per sequence length.",
+        comment="Below 0 the largest shape seen in the recent window (capacity.recent_window of the process,\n"
+                "15 minutes by default) is predicted not to fit in what is free now: the next request of that\n"
+                "size is expected to OOM, hence critical. 5m: the memory in use now moves with the requests\n"
+                "in flight, and a burst of concurrent ones can push the headroom under 0 for a moment\n"
+                "without anything being wrong once they finish; five minutes of it is the steady state.")
+
+
+@alert("MemprofCapacityModelInaccurate")
+def capacity_model_inaccurate(c: Ctx) -> Rule:
+    p = c.params
+    return Rule(
+        "MemprofCapacityModelInaccurate",
+        f"{c.m('memprof_capacity_fit_error_ratio')} > {number(p['ratio'])}",
+        "Memory model of {{ $labels.model }} on {{ $labels.device }} at {{ $labels.instance }} is off by "
+        "{{ $value | humanizePercentage }}",
+        f"For {duration_words(p['for'])} the memory model of {{{{ $labels.model }}}} on {{{{ $labels.device }}}} "
+        "of {{ $labels.instance }} has predicted the peak of input shapes it was not fitted on with an error "
+        f"of up to {{{{ $value | humanizePercentage }}}} (more than {percent(p['ratio'])}). Its headroom and "
+        "max-safe-batch figures are not to be trusted: the input shape read from the forward's arguments "
+        "probably does not say what drives its memory. Give the model a shape_of function that returns "
+        "the batch, sequence length and cache length of its inputs.",
+        comment="fit error = the worst leave-one-shape-out relative error of the model's peak prediction.\n"
+                "When the shape is read right, a forward's peak follows it closely and the error stays small;\n"
+                "past 20% the shape is not what drives the memory (padded or packed inputs, a cache the\n"
+                "shape does not see, data-dependent branches), and since the headroom takes the error off,\n"
+                "it eats the headroom as well. 30m: the error moves while the model learns\n"
+                "new shapes; one that stays is structural. Not urgent: about trusting the figures.")
+
+
 @alert("MemprofSamplerStale")
 def sampler_stale(c: Ctx) -> Rule:
     return Rule(

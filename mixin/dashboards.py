@@ -160,15 +160,21 @@ def bargauge(title: str, description: str, targets: list[dict[str, Any]], unit: 
 
 def table(title: str, description: str, targets: list[dict[str, Any]],
           columns: dict[str, tuple[str, str]], *, hide: tuple[str, ...] = ("Time",),
-          sort_by: str | None = None) -> dict[str, Any]:
+          sort_by: str | None = None, red_below_one: str | None = None) -> dict[str, Any]:
     """Instant table queries merged into one row per label set. ``columns`` maps each query's
-    value column ("Value #A", ...) to (display name, unit)."""
+    value column ("Value #A", ...) to (display name, unit). ``red_below_one``: a column (display
+    name) whose cells below 1 get a red background (a count where 0 is the bad news)."""
     p = _panel("table", title, description, targets, "none")
     p["fieldConfig"]["defaults"]["custom"] = {"align": "auto", "cellOptions": {"type": "auto"}}
     p["fieldConfig"]["overrides"] = [
         {"matcher": {"id": "byName", "options": name},
          "properties": [{"id": "unit", "value": unit}]}
         for name, unit in columns.values()]
+    for o in p["fieldConfig"]["overrides"]:
+        if o["matcher"]["options"] == red_below_one:
+            o["properties"] += [{"id": "color", "value": {"mode": "thresholds"}},
+                                {"id": "thresholds", "value": thresholds((None, RED), (1, "transparent"))},
+                                {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}}]
     p["transformations"] = [
         {"id": "merge", "options": {}},
         {"id": "organize", "options": {"excludeByName": {h: True for h in hide},
@@ -186,6 +192,14 @@ def dashed_red(ref: str) -> dict[str, Any]:
                            {"id": "custom.fillOpacity", "value": 0},
                            {"id": "custom.lineInterpolation", "value": "stepAfter"},
                            {"id": "color", "value": {"mode": "fixed", "fixedColor": RED}}]}
+
+
+def dashed(ref: str) -> dict[str, Any]:
+    """Field override drawing query ``ref`` dashed, in its own palette colour (a prediction
+    next to what was measured)."""
+    return {"matcher": {"id": "byFrameRefID", "options": ref},
+            "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                           {"id": "custom.fillOpacity", "value": 0}]}
 
 
 def mapping(values: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
@@ -342,6 +356,45 @@ def overview(q: Matchers) -> dict[str, Any]:
                             f"or memprof_gpu_process_torch_reserved_bytes{{{q.base}}}", "{{instance}} GPU {{gpu}}")],
                     "bytes"), 7, 8),
     ])
+    capacity: Section = ("Capacity", [
+        (timeseries("Capacity headroom",
+                    "Per model and device: memory left under the limit once the predicted peak of the "
+                    "largest input shape seen recently (capacity.recent_window), its fit error, what is "
+                    "in use now and the margin are taken off. Below 0 (red line) that shape would not fit "
+                    "now: MemprofHeadroomExhausted fires after 5 minutes, MemprofHeadroomLow when less "
+                    "than one more such peak fits, for 10 minutes.",
+                    [target(f"memprof_capacity_headroom_bytes{{{q.layer}}}", "{{instance}} {{model}} {{device}}")],
+                    "bytes", min_zero=False, threshold_steps=((0, RED),)), 12, 8),
+        (timeseries("Predicted vs measured peak (largest recent shape)",
+                    "For the largest input shape seen recently: the peak increase of one forward the "
+                    "memory model predicts (dashed), and the one measured (median of its attributed "
+                    "forwards). Far apart: the predictions are not to be trusted (see the fit error).",
+                    [target(f"memprof_capacity_predicted_peak_bytes{{{q.layer}}}",
+                            "{{instance}} {{model}} {{device}} predicted"),
+                     target(f"memprof_capacity_measured_peak_bytes{{{q.layer}}}",
+                            "{{instance}} {{model}} {{device}} measured")],
+                    "bytes", overrides=[dashed("A")]), 12, 8),
+        (table("Max safe batch by sequence length",
+               "Largest batch predicted to fit now, per model, device and sequence length (0: not even "
+               "one), the smallest over the workers of an instance. Cap the batch your server admits "
+               "at it; GET /v1/headroom answers for other shapes.",
+               [target(f"min by (instance, model, device, seq_len) "
+                       f"(memprof_capacity_max_safe_batch{{{q.layer}}})", instant=True, table=True)],
+               {"Value": ("max safe batch", "none")}, red_below_one="max safe batch"), 8, 8),
+        (timeseries("Memory model fit error",
+                    "Worst relative error of each model's memory model on shapes it was not fitted on "
+                    "(leave-one-shape-out); absent until enough distinct shapes have been seen. "
+                    "MemprofCapacityModelInaccurate fires above 20% for 30 minutes: give the model a "
+                    "shape_of function.",
+                    [target(f"memprof_capacity_fit_error_ratio{{{q.layer}}}", "{{instance}} {{model}} {{device}}")],
+                    "percentunit", threshold_steps=((0.2, ORANGE),)), 8, 8),
+        (timeseries("Usable memory per device",
+                    "Memory the forwards on each device may use: the limit named by the limit label "
+                    "(cuda_device, mig, cgroup or physical) minus what other processes and this "
+                    "process's non-allocator memory hold, minus the margin.",
+                    [target(f"memprof_capacity_usable_bytes{{{q.dev}}}", "{{instance}} {{device}} ({{limit}})")],
+                    "bytes"), 8, 8),
+    ])
     watchdog: Section = ("Watchdog", [
         (stat("Watchdog rules firing",
               "State of each in-process watchdog rule (config watchdog.rules): 1 while it fires.",
@@ -386,8 +439,9 @@ def overview(q: Matchers) -> dict[str, Any]:
     ])
     return dashboard(q, "overview", "Overview",
                      "Process, allocator and GPU memory of processes instrumented with memprof-otel, "
-                     "watchdog state and the exporter's own cost.",
-                     [process, allocator, gpu, watchdog, self_])
+                     "each model's capacity (headroom, max safe batch), watchdog state and the exporter's "
+                     "own cost.",
+                     [process, allocator, gpu, capacity, watchdog, self_])
 
 
 def layers(q: Matchers) -> dict[str, Any]:

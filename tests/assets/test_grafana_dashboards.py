@@ -340,3 +340,35 @@ def test_dashboard_provisioning_loads_a_directory() -> None:
     (provider,) = doc["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"].startswith("/")   # the mount point; test_compose checks it
+
+
+def test_overview_shows_each_models_capacity() -> None:
+    d = _load("memprof-overview.json")
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert "Capacity" in rows
+    panels = {p["title"]: p for p in _panels("memprof-overview.json")}
+
+    headroom = panels["Capacity headroom"]
+    (t,) = headroom["targets"]
+    assert t["expr"].startswith("memprof_capacity_headroom_bytes{") and 'model=~"$model"' in t["expr"]
+    defaults = headroom["fieldConfig"]["defaults"]
+    assert "min" not in defaults                       # it goes below 0: that is the point
+    assert {"color": "red", "value": 0} in defaults["thresholds"]["steps"]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] != "off"
+
+    versus = panels["Predicted vs measured peak (largest recent shape)"]
+    assert [aq.metric_names_in(t["expr"]) for t in versus["targets"]] == [
+        {"memprof_capacity_predicted_peak_bytes"}, {"memprof_capacity_measured_peak_bytes"}]
+
+    batch = panels["Max safe batch by sequence length"]
+    assert batch["type"] in {"table", "bargauge"}
+    assert all(t["instant"] and "seq_len" in t["expr"] for t in batch["targets"])
+    assert "memprof_capacity_max_safe_batch" in batch["targets"][0]["expr"]
+
+    fit = panels["Memory model fit error"]
+    assert fit["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert "memprof_capacity_fit_error_ratio" in fit["targets"][0]["expr"]
+
+    usable = panels["Usable memory per device"]
+    assert "memprof_capacity_usable_bytes" in usable["targets"][0]["expr"]
+    assert "{{limit}}" in usable["targets"][0]["legendFormat"]

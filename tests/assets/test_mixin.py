@@ -236,3 +236,13 @@ def test_thresholds_are_written_exactly() -> None:
     rules = {r["alert"]: r for r in yaml.safe_load(mixin_outputs.alerts_yml(cfg))["groups"][0]["rules"]}
     assert rules["MemprofGpuMemoryNearFull"]["expr"].endswith("> 0.123456789")
     assert "> 3221225473" in rules["MemprofFragmentationHigh"]["expr"]
+
+
+def test_headroom_low_peaks_reaches_expression_and_words() -> None:
+    cfg = mixin_config.merge(mixin_config.defaults(), {"alerts": {"rules": {"MemprofHeadroomLow": {"peaks": 2}}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(mixin_outputs.alerts_yml(cfg))["groups"][0]["rules"]}
+    low = rules["MemprofHeadroomLow"]
+    assert low["expr"].endswith("(memprof_capacity_predicted_peak_bytes * 2)")
+    assert "on(instance, job, worker, model, device)" in low["expr"]
+    assert "less than 2 more of its largest recent forwards" in low["annotations"]["summary"]
+    assert "At most two forwards of that shape fit now: three at once" in low["annotations"]["description"]

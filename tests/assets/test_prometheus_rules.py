@@ -22,6 +22,7 @@ EXPECTED_ALERTS = {
     "MemprofRssNearCgroupLimit", "MemprofWorkingSetNearCgroupLimit", "MemprofContainerOomKilled",
     "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing", "MemprofMemoryLeakSuspected",
+    "MemprofHeadroomLow", "MemprofHeadroomExhausted", "MemprofCapacityModelInaccurate",
 }
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 SEVERITIES = {"info", "warning", "critical"}
