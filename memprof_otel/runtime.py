@@ -81,7 +81,8 @@ def _layer_view(h: Instrumentation) -> LayerView:
     return LayerView(model=h.name, device=h.last_device, peaks=h.exported_layer_peaks(),
                      forward=h.layer_forward_totals(), overhead_seconds=h.overhead_seconds,
                      events_dropped=h.events_dropped, surviving=h.surviving(),
-                     unattributed=dict(h.unattributed))
+                     unattributed=dict(h.unattributed),
+                     capacity=h.capacity.figures(h.last_device) if h.capacity is not None else None)
 
 
 def _surviving_bytes() -> dict[tuple[str, str, str], int]:

@@ -3,7 +3,7 @@ the margin kept free. Pure arithmetic over readings the caller took (``budget_re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 CUDA_DEVICE, MIG, CGROUP, PHYSICAL = "cuda_device", "mig", "cgroup", "physical"
 
@@ -62,3 +62,15 @@ def host_budget(cgroup_limit: int | None, cgroup_working_set: int | None, physic
     notes = () if cgroup_limit is None else ("the cgroup limit is above physical memory",)
     return Budget("cpu", PHYSICAL, physical_total, 0, physical_total - physical_available,
                   margin(physical_total, margin_ratio, margin_bytes), notes)
+
+
+@dataclass(frozen=True)
+class CapacityFigures:
+    """What the exporters publish for one model (``memprof_capacity_*`` in metric_names)."""
+    device: str
+    predicted_peak: float | None
+    measured_peak: float | None
+    headroom: float | None
+    fit_error: float | None
+    max_safe_batch: Mapping[int, int]
+    budget: Budget | None

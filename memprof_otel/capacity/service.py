@@ -3,28 +3,15 @@ measured forward, and the questions a server and its operators ask of it."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import CapacityConfig
-from .budget import Budget
+from .budget import Budget, CapacityFigures
 from .budget_reader import BudgetReader
 from .model import MemoryModel, Prediction
 from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
 
 TABLE_ROWS = 8  # sequence lengths in the max-safe-batch table when none are configured
-
-
-@dataclass(frozen=True)
-class CapacityFigures:
-    """What the exporters publish for one model (see metric_names, ``memprof_capacity_*``)."""
-    device: str
-    predicted_peak: float | None
-    measured_peak: float | None
-    headroom: float | None
-    fit_error: float | None
-    max_safe_batch: Mapping[int, int]
-    budget: Budget | None
 
 
 class Capacity:

@@ -27,6 +27,7 @@ COMMANDS = {
     "analyze": "analyze",
     "monitor": "monitor",
     "demo": "demo",
+    "headroom": "headroom",
 }
 
 

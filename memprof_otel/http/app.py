@@ -45,6 +45,9 @@ from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, L
                      parse_number)
 from .openapi import openapi_document
 
+MAX_SHAPE_FEATURES = 6  # the memory model's own bound (capacity.shapes.MAX_FEATURES)
+MAX_SHAPE_VALUE = 1 << 30
+
 PUBLIC_ROUTES = ("/metrics", "/healthz")
 # gzip level of /metrics: 1 (fastest), as Go's promhttp. Level 9 makes a 1,000-layer scrape 16 %
 # smaller still, for 7x the compression time on the model's process (docs/benchmarks.md)
@@ -174,6 +177,24 @@ def _str_param(q: Mapping[str, list[str]], name: str) -> str | None:
     return raw[-1]
 
 
+def _shape_features(q: Mapping[str, list[str]]) -> dict[str, int]:
+    """The shape features of a ``/v1/headroom`` query: non-negative integers, 400 naming the field."""
+    out: dict[str, int] = {}
+    for name, raw in q.items():
+        if name == "model":
+            continue
+        if not name.isidentifier() or len(name) > 64:
+            raise HttpError(400, "bad_parameter", f"{_shown(name)} is not a shape feature name")
+        if len(out) >= MAX_SHAPE_FEATURES:
+            raise HttpError(400, "bad_parameter", f"at most {MAX_SHAPE_FEATURES} shape features")
+        v = parse_integer(raw[-1], 0, MAX_SHAPE_VALUE)
+        if v is None:
+            raise HttpError(400, "bad_parameter", f"{name} must be an integer between 0 and {MAX_SHAPE_VALUE}, "
+                            f"got {_shown(raw[-1])}")
+        out[name] = v
+    return out
+
+
 def _json_body(req: Request) -> Any:
     """The request body as JSON (an empty body is ``None``); 400 ``bad_json`` otherwise."""
     try:
@@ -258,7 +279,7 @@ class Endpoint:
             ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
-            ("GET", "/v1/leaks"): self.leaks,
+            ("GET", "/v1/leaks"): self.leaks, ("GET", "/v1/headroom"): self.headroom,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
@@ -441,6 +462,29 @@ class Endpoint:
         if watch is None:  # monitoring not started: nothing watched yet, the same document shape
             watch = LeakWatch(LeaksConfig(enabled=False), dict)
         return json_response(200, watch.report(top))
+
+    def headroom(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """Every other query parameter than ``model`` is a shape feature (batch, seq_len, cache_len,
+        or the names a model's ``shape_of`` returns)."""
+        name = _str_param(q, "model")
+        features = _shape_features(q)
+        if features and name is None and len(live_instrumentations()) > 1:
+            raise HttpError(400, "bad_parameter", "model is required with shape features when several "
+                            "models are instrumented")
+        if name is not None or features:
+            handles = [self.rt.dump_service.pick_model(name)]  # unknown: 404 unknown_model
+        else:
+            handles = sorted(live_instrumentations().values(), key=lambda h: h.name)
+        out: dict[str, Any] = {}
+        for h in handles:
+            if h.capacity is None:
+                out[h.name] = {"enabled": False, "reason": "the memory model is off (capacity.enabled: false)"}
+            else:
+                out[h.name] = {"enabled": True, **h.headroom(**features)}
+        doc: dict[str, Any] = {"models": out}
+        if not handles:
+            doc["reason"] = "no model is instrumented in this process"
+        return json_response(200, doc)
 
     def get_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog

@@ -178,6 +178,40 @@ def _schemas() -> dict[str, Any]:
             "trend": {"oneOf": [_ref("Trend"), {"type": "null"}],
                       "description": "null during warm-up and until enough floors exist"},
             "suspected": {"type": "boolean"}}},
+        "Prediction": {"type": "object", "required": ["features", "peak_increase_bytes", "error_ratio", "upper_bytes",
+                                                      "extrapolates", "extrapolation", "data_dependent", "shapes",
+                                                      "reason"], "properties": {
+            "features": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            "peak_increase_bytes": {"type": ["integer", "null"], "description": "predicted peak above the "
+                                    "forward's entry level; null when the model cannot answer (reason)"},
+            "error_ratio": {"type": ["number", "null"], "description": "worst relative error on shapes left "
+                            "out of the fit (inside the range seen, or outside it when this one extrapolates)"},
+            "upper_bytes": {"type": ["integer", "null"], "description": "peak_increase_bytes * (1 + error_ratio)"},
+            "extrapolates": {"type": "boolean"},
+            "extrapolation": {"type": "object", "additionalProperties": {"type": ["number", "null"]},
+                              "description": "feature -> how many times outside the range seen"},
+            "data_dependent": {"type": "boolean", "description": "forwards of one shape had very different peaks"},
+            "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]}}},
+        "HeadroomModel": {"type": "object", "required": ["enabled"], "properties": {
+            "enabled": {"type": "boolean"}, "reason": {"type": "string"}, "device": {"type": "string"},
+            "model_fit": {"type": "object", "required": ["regimes", "error_ratio", "forwards_observed"]},
+            "budget": {"type": ["object", "null"], "required": ["device", "limit", "limit_bytes", "held_elsewhere_bytes",
+                                                                "in_use_bytes", "margin_bytes", "usable_bytes",
+                                                                "available_bytes"], "properties": {
+                "limit": {"enum": ["cuda_device", "mig", "cgroup", "physical"]}}},
+            "budget_reason": {"type": ["string", "null"]},
+            "shapes": {"type": "array", "items": {"type": "object", "required": [
+                "features", "forwards", "peak_increase_bytes", "retained_bytes", "spread_ratio"]}},
+            "shape_errors": {"type": "integer"},
+            "prediction": _ref("Prediction"), "fits": {"type": ["boolean", "null"]},
+            "headroom_bytes": {"type": "integer"},
+            "max_safe_batch": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                               "description": "sequence length -> largest batch predicted to fit now"},
+            "max_safe_seq_len": {"type": "object", "properties": {"batch": {"type": "integer"},
+                                                                  "seq_len": {"type": ["integer", "null"]}}}}},
+        "Headroom": {"type": "object", "required": ["models"], "properties": {
+            "models": {"type": "object", "additionalProperties": _ref("HeadroomModel")},
+            "reason": {"type": "string"}}},
         "Leaks": {"type": "object", "required": ["enabled", "suspects", "series", "top_surviving_layers",
                                                  "survivor_tables", "params"], "properties": {
             "enabled": {"type": "boolean"},
@@ -273,6 +307,17 @@ def openapi_document() -> dict[str, Any]:
                                      [_q("top", {"type": "integer", "minimum": 1, "maximum": LEAKS_MAX_TOP,
                                                  "default": LEAKS_DEFAULT_TOP},
                                          "surviving layers listed")], schema=_ref("Leaks"))},
+            "/v1/headroom": {"get": _op(
+                "the memory model of each instrumented model: with shape features (batch, seq_len, cache_len "
+                "or a shape_of's names), the predicted peak, its error, whether it extrapolates and whether it "
+                "fits under the limit now; without, the largest safe batch per sequence length",
+                {"200": "headroom (also before any data: each answer says why it has none)",
+                 "400": "a shape feature that is not a non-negative integer, named", "404": "unknown model", **auth},
+                [_q("model", {"type": "string", "maxLength": 256}, "model name (all models when absent)"),
+                 _q("batch", {"type": "integer", "minimum": 0}, "batch size"),
+                 _q("seq_len", {"type": "integer", "minimum": 0}, "sequence length"),
+                 _q("cache_len", {"type": "integer", "minimum": 0}, "tokens already in the KV cache")],
+                schema=_ref("Headroom"))},
             "/v1/watchdog/rules": {
                 "get": _op("the threshold rules in force", {"200": "rules", **auth}, schema=_ref("Rules")),
                 "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule",

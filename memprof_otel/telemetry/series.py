@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..attribution.selection import OTHER
+from ..capacity.budget import CapacityFigures
 from ..timeline import Sample
 from .gpu_identity import identify
 
@@ -66,6 +67,7 @@ class LayerView:
     surviving: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # reason -> attributed forwards whose per-layer figures were dropped (never published wrong)
     unattributed: Mapping[str, int] = field(default_factory=dict)
+    capacity: CapacityFigures | None = None  # the memory model's figures (None: capacity off)
 
 
 @dataclass
@@ -139,6 +141,7 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         for reason in UNATTRIBUTED_REASONS:
             add("memprof_forwards_unattributed_total", {"model": v.model, "reason": reason},
                 v.unattributed.get(reason, 0))
+    _capacity(add, layers)
     for name, up in sorted(me.sources_up.items()):
         add("memprof_source_up", {"source": name}, 1 if up else 0)
     for name, n in sorted(me.sampler_errors.items()):
@@ -157,6 +160,28 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
     add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)
     return out
+
+
+def _capacity(add: Any, layers: Iterable[LayerView]) -> None:
+    """The memory model's gauges; each absent (never a fake 0) until the model can answer it."""
+    usable: dict[tuple[str, str], int] = {}
+    for v in layers:
+        c = v.capacity
+        if c is None:
+            continue
+        lab = {"model": v.model, "device": c.device}
+        for name, value in (("memprof_capacity_predicted_peak_bytes", c.predicted_peak),
+                            ("memprof_capacity_measured_peak_bytes", c.measured_peak),
+                            ("memprof_capacity_headroom_bytes", c.headroom),
+                            ("memprof_capacity_fit_error_ratio", c.fit_error)):
+            if value is not None:
+                add(name, lab, value)
+        for seq_len, n in sorted(c.max_safe_batch.items()):
+            add("memprof_capacity_max_safe_batch", {**lab, "seq_len": str(seq_len)}, n)
+        if c.budget is not None:  # one per device, however many models run on it
+            usable[(c.budget.device, c.budget.limit)] = c.budget.usable_bytes
+    for (device, limit), n in sorted(usable.items()):
+        add("memprof_capacity_usable_bytes", {"device": device, "limit": limit}, n)
 
 
 def _cuda_identity(add: Any, sample: Sample | None, me: SelfView) -> None:
