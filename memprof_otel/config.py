@@ -504,6 +504,9 @@ class CapacityConfig:
                                    "(empty: the largest ones seen, up to 8)")
     batch: int | None = _f(None, _int(1, 1 << 30, optional=True), "batch size for which the largest safe "
                            "sequence length is reported (null: none)")
+    limit_bytes: int | None = _f(None, _optional(_size), "a memory limit of your own for this process on "
+                                 "each model's device (its RSS on CPU, the allocator's allocated bytes on "
+                                 "CUDA count against it); the detected limit still applies when it is tighter")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-CUDA_DEVICE, MIG, CGROUP, PHYSICAL = "cuda_device", "mig", "cgroup", "physical"
+CUDA_DEVICE, MIG, CGROUP, PHYSICAL, CONFIGURED = "cuda_device", "mig", "cgroup", "physical", "configured"
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Budget:
     cgroup's working set (or, without a cgroup limit, the machine's used memory).
     """
     device: str
-    limit: str              # which limit: cuda_device | mig | cgroup | physical
+    limit: str              # which limit: cuda_device | mig | cgroup | physical | configured
     limit_bytes: int
     held_elsewhere_bytes: int
     in_use_bytes: int
@@ -62,6 +62,18 @@ def host_budget(cgroup_limit: int | None, cgroup_working_set: int | None, physic
     notes = () if cgroup_limit is None else ("the cgroup limit is above physical memory",)
     return Budget("cpu", PHYSICAL, physical_total, 0, physical_total - physical_available,
                   margin(physical_total, margin_ratio, margin_bytes), notes)
+
+
+def tighter(detected: Budget | None, limit_bytes: int | None, process_in_use: int | None,
+            margin_ratio: float, margin_bytes: int) -> Budget | None:
+    """``capacity.limit_bytes`` against the detected budget: whichever leaves less available."""
+    if limit_bytes is None or process_in_use is None:
+        return detected
+    own = Budget(detected.device if detected is not None else "cpu", CONFIGURED, limit_bytes, 0, process_in_use,
+                 margin(limit_bytes, margin_ratio, margin_bytes))
+    if detected is None or own.available_bytes <= detected.available_bytes:
+        return own
+    return detected
 
 
 @dataclass(frozen=True)

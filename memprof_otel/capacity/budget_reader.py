@@ -10,14 +10,15 @@ from typing import Callable
 import psutil
 
 from ..sources import registry
-from .budget import Budget, cuda_budget, host_budget
+from .budget import Budget, cuda_budget, host_budget, tighter
 
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
 
 
 class BudgetReader:
     def __init__(self, margin_ratio: float, margin_bytes: int, ttl_s: float = TTL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limit_bytes: int | None = None) -> None:
+        self.limit_bytes = limit_bytes
         self.margin_ratio = margin_ratio
         self.margin_bytes = margin_bytes
         self._ttl = ttl_s
@@ -34,11 +35,23 @@ class BudgetReader:
             return hit[1], hit[2]
         try:
             budget, why = self._read(device)
+            if self.limit_bytes is not None:
+                budget = tighter(budget, self.limit_bytes, self._process_in_use(device),
+                                 self.margin_ratio, self.margin_bytes)
+                why = None if budget is not None else why
         except Exception as e:  # a source failing is an answer without a limit, never an error
             budget, why = None, f"reading the limit failed: {type(e).__name__}: {e}"
         with self._lock:
             self._cache[device] = (now, budget, why)
         return budget, why
+
+    def _process_in_use(self, device: str) -> int | None:
+        """What counts against ``capacity.limit_bytes``: RSS on CPU, allocated bytes on CUDA."""
+        if device.startswith("cuda"):
+            src = registry.cuda_allocator(int(device.partition(":")[2] or 0))
+            return src.reading().allocated if src is not None else None
+        proc = registry.process()
+        return proc.reading().allocated if proc is not None else None
 
     def _read(self, device: str) -> tuple[Budget | None, str | None]:
         if device.startswith("cuda"):

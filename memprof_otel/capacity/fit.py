@@ -66,12 +66,13 @@ class Fit:
     terms: tuple[Term, ...]
     coefficients: tuple[float, ...]
     dropped: tuple[Term, ...]  # terms the shapes could not identify
+    rank: int = 0              # how many terms the shapes identify
 
     def predict(self, features: Mapping[str, int]) -> float:
         return sum(k * term_value(t, features) for t, k in zip(self.terms, self.coefficients))
 
     def to_dict(self) -> dict[str, object]:
-        return {"terms": {term_name(t): k for t, k in zip(self.terms, self.coefficients)},
+        return {"terms": {term_name(t): k for t, k in zip(self.terms, self.coefficients) if k > 0},
                 "unidentified_terms": [term_name(t) for t in self.dropped]}
 
 
@@ -108,18 +109,19 @@ def nnls(cols: Sequence[list[float]], y: list[float], max_iter: int = 100) -> li
     n = len(cols)
     x = [0.0] * n
     passive: list[int] = []
+    spanned: set[int] = set()  # columns in the span of the passive ones when tried: they add nothing
     for _ in range(max_iter):
         resid = [yi - sum(x[j] * cols[j][i] for j in range(n)) for i, yi in enumerate(y)]
         w = [sum(c * r for c, r in zip(cols[j], resid)) for j in range(n)]
-        cand = [j for j in range(n) if j not in passive and w[j] > 1e-12]
+        cand = [j for j in range(n) if j not in passive and j not in spanned and w[j] > 1e-12]
         if not cand:
             break
         passive.append(max(cand, key=lambda j: w[j]))
         while True:
             z = _lstsq(cols, y, passive)
-            if z is None:  # dependent columns: the newest adds nothing
-                passive.pop()
-                return x
+            if z is None:
+                spanned.add(passive.pop())
+                break
             if all(v > 0 for v in z):
                 for j, v in zip(passive, z):
                     x[j] = v
@@ -160,11 +162,15 @@ def fit(rows: Sequence[tuple[Mapping[str, int], float]], terms: Sequence[Term]) 
     raw = [[term_value(t, f) * wi for (f, _), wi in zip(rows, w)] for t in terms]
     scale = [math.sqrt(sum(v * v for v in c)) or 1.0 for c in raw]
     unit = [[v / s for v in c] for c, s in zip(raw, scale)]
+    # Which terms these shapes can tell apart is reported (and sizes how many shapes are needed),
+    # but NNLS chooses among all of them: of two collinear sets (b*s and b*s^2 against b, on two
+    # sequence lengths), the first by simplicity may need a negative coefficient where the other
+    # fits exactly with positive ones (an encoder's attention phase: b*(2560*s + 32*s^2))
     keep = _identifiable(unit)
-    x = nnls([unit[j] for j in keep], [1.0] * len(rows))  # y * w == 1
-    coeffs = tuple(x[i] / scale[j] for i, j in enumerate(keep))
-    return Fit(tuple(terms[j] for j in keep), coeffs,
-               tuple(t for j, t in enumerate(terms) if j not in keep))
+    x = nnls(unit, [1.0] * len(rows))  # y * w == 1
+    used = [j for j in range(len(terms)) if x[j] > 0 or j in keep]
+    return Fit(tuple(terms[j] for j in used), tuple(x[j] / scale[j] for j in used),
+               tuple(t for j, t in enumerate(terms) if j not in keep), rank=len(keep))
 
 
 def leave_one_out(rows: Sequence[tuple[Mapping[str, int], float]], terms: Sequence[Term],
@@ -177,3 +183,109 @@ def leave_one_out(rows: Sequence[tuple[Mapping[str, int], float]], terms: Sequen
         m = fit(rest, terms)
         errors.append(abs(m.predict(f) - y) / y if m is not None and y > 0 else math.inf)
     return errors
+
+
+# ---- two pieces: the peak of a forward whose largest phase changes with the shape --------------
+# A forward's peak is the largest of its phases' (an encoder layer's attention scores, b*h*s^2,
+# against its feed-forward's b*s*4d), so it has a kink where the phases cross (BERT eager,
+# measured: b*max(5632*s + 16*s^2, 2560*s + 32*s^2), crossing at s = 192): one polynomial across
+# it is off by ~8 %. Two fits, one each side of a split along one feature, are exact on their
+# sides. Past the low side's largest value seen, the answer is the larger of the two: between the
+# sides nobody knows where the kink lies, and the larger is the safe side of that ignorance (and
+# keeps the answer non-decreasing). The low side's fit is never applied where it was not fitted
+# from above: a high side's fit from two sequence lengths can be far too high at small ones.
+TWO_PIECES_ABOVE = 0.02  # a single fit this good on shapes left out needs no second piece
+SPLITS_PER_FEATURE = 8   # thresholds tried per feature (quantiles): the fit stays ~0.1 s
+
+
+@dataclass(frozen=True)
+class SplitFit:
+    feature: str
+    low_max: int  # the largest value of ``feature`` the low piece was fitted on
+    low: Fit
+    high: Fit
+
+    @property
+    def terms(self) -> tuple[Term, ...]:
+        return self.low.terms
+
+    @property
+    def dropped(self) -> tuple[Term, ...]:
+        return self.low.dropped
+
+    @property
+    def rank(self) -> int:
+        return self.low.rank
+
+    def predict(self, features: Mapping[str, int]) -> float:
+        lo = self.low.predict(features)
+        return lo if features.get(self.feature, 0) <= self.low_max else max(lo, self.high.predict(features))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"split": {"feature": self.feature, "low_up_to": self.low_max},
+                "low": self.low.to_dict(), "high": self.high.to_dict()}
+
+
+def _sq_rel(model: Fit | SplitFit, rows: Sequence[tuple[Mapping[str, int], float]]) -> float:
+    return sum((model.predict(f) / y - 1) ** 2 for f, y in rows)
+
+
+def _thresholds(values: list[int]) -> list[float]:
+    u = sorted(set(values))
+    mids = [(a + b) / 2 for a, b in zip(u, u[1:])]
+    if len(mids) <= SPLITS_PER_FEATURE:
+        return mids
+    step = (len(mids) - 1) / (SPLITS_PER_FEATURE - 1)
+    return [mids[round(k * step)] for k in range(SPLITS_PER_FEATURE)]
+
+
+def _split(rows: Sequence[tuple[Mapping[str, int], float]], side: list[int], name: str,
+           terms: Sequence[Term], min_rows: int) -> SplitFit | None:
+    groups = [[r for r, g in zip(rows, side) if g == k] for k in (0, 1)]
+    if min(len(g) for g in groups) < min_rows:
+        return None
+    low, high = fit(groups[0], terms), fit(groups[1], terms)
+    if low is None or high is None:
+        return None
+    return SplitFit(name, max(f[name] for f, _ in groups[0]), low, high)
+
+
+def _two_pieces(rows: Sequence[tuple[Mapping[str, int], float]], terms: Sequence[Term],
+                min_rows: int) -> tuple[SplitFit, str, float] | None:
+    """The best split of the rows along one feature: (fit, feature, threshold)."""
+    best: tuple[float, SplitFit, str, float] | None = None
+    for name in sorted(rows[0][0]):
+        for thr in _thresholds([f[name] for f, _ in rows]):
+            m = _split(rows, [int(f[name] > thr) for f, _ in rows], name, terms, min_rows)
+            if m is None:
+                continue
+            score = _sq_rel(m, rows)
+            if best is None or score < best[0]:
+                best = (score, m, name, thr)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def fit_with_errors(rows: Sequence[tuple[Mapping[str, int], float]], terms: Sequence[Term],
+                    held_out: Sequence[int]) -> tuple[Fit | SplitFit, list[float]] | None:
+    """The fit a table of shapes gets, and its leave-one-out errors on ``held_out``: one member of
+    the family, or the max of two when that is better on the shapes left out."""
+    one = fit(rows, terms)
+    if one is None:
+        return None
+    errs = leave_one_out(rows, terms, held_out)
+    min_rows = one.rank + 1
+    if max(errs, default=0.0) <= TWO_PIECES_ABOVE or len(rows) < 2 * min_rows:
+        return one, errs
+    found = _two_pieces(rows, terms, min_rows)
+    if found is None:
+        return one, errs
+    two, name, thr = found
+    errs2 = []
+    for i in held_out:  # the split stays: each side refitted without the held-out row
+        f, y = rows[i]
+        rest = [r for j, r in enumerate(rows) if j != i]
+        m = _split(rest, [int(g[name] > thr) for g, _ in rest], name, terms, min_rows - 1)
+        errs2.append(abs(m.predict(f) - y) / y if m is not None else math.inf)
+    if max(errs2, default=math.inf) < max(errs):
+        return two, errs2
+    return one, errs

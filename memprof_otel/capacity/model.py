@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .fit import Fit, Term, fit, leave_one_out, term_name, terms_for
+from .fit import Fit, SplitFit, Term, fit, fit_with_errors, term_name, terms_for
 from .shapes import CACHE_LEN
 
 Key = tuple[tuple[str, int], ...]
@@ -92,7 +92,7 @@ class Prediction:
 
 @dataclass(frozen=True)
 class FitState:
-    fit: Fit | None
+    fit: Fit | SplitFit | None
     names: frozenset[str]
     rows: int
     error_ratio: float | None         # worst error on held-out shapes inside the others' range
@@ -325,20 +325,28 @@ def _fit_state(recs: list[tuple[Key, dict[str, int], float, float]]) -> FitState
     varies = tuple(k for k, _, _, s in recs if s > VARIES_RATIO)
     rows = [(f, p) for _, f, p, _ in recs if p > 0]
     terms: list[Term] = terms_for(names)
-    model = fit(rows, terms) if rows else None
+    model = fit(rows, terms) if rows else None  # one member first: is the table enough to fit?
     if model is None:
         return FitState(None, names, len(rows), None, None, {}, ranges, varies,
                         "no forward with a peak above its entry level yet", 1)
-    need = len(model.terms) + MIN_EXTRA_SHAPES - len(rows)
+    # the family's terms that the features seen varying can identify (a feature seen at one value
+    # only collapses its terms into simpler ones): that many shapes, plus one to leave out
+    varying = {n for n in names if ranges[n][0] != ranges[n][1]}
+    reachable = [t for t in terms if set(t) <= varying]
+    need = max(model.rank, len(reachable)) + MIN_EXTRA_SHAPES - len(rows)
     if need > 0:
         constant = [n for n in sorted(names) if ranges[n][0] == ranges[n][1]]
+        target = reachable if len(reachable) > model.rank else [t for t in terms if t not in model.dropped]
         why = (f"{len(rows)} distinct shapes seen; {need} more needed to fit "
-               f"{', '.join(term_name(t) for t in model.terms)} and measure its error on shapes left out")
+               f"{', '.join(term_name(t) for t in target)} and measure its error on shapes left out")
         if constant:
             why += f" (only one value seen of: {', '.join(constant)})"
         return FitState(model, names, len(rows), None, None, {}, ranges, varies, why, need)
     held = _held_out(rows)
-    errs = leave_one_out(rows, list(model.terms), held)
+    fitted = fit_with_errors(rows, terms, held)
+    if fitted is None:
+        return FitState(None, names, len(rows), None, None, {}, ranges, varies, "the fit failed", 1)
+    model, errs = fitted
     errors = {key_of(rows[i][0]): e for i, e in zip(held, errs)}
     # A held-out shape outside the range of the others is an extrapolation: its error says how far
     # predictions outside the shapes seen can be trusted, not those inside (which are most asked)

@@ -20,7 +20,8 @@ class Capacity:
         self.config = config
         self.model = MemoryModel(config.max_shapes)
         self._shape_of = shape_of
-        self.budgets = budgets or BudgetReader(config.margin_ratio, config.margin_bytes)
+        self.budgets = budgets or BudgetReader(config.margin_ratio, config.margin_bytes,
+                                               limit_bytes=config.limit_bytes)
         self.shape_errors = 0
 
     # ---- fed by the handle -----------------------------------------------------------------

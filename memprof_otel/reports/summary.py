@@ -23,8 +23,8 @@ def steady_overhead_ratio(st: Any) -> float | None:
     """Attribution cost / forward time over the forwards after the first one; None before a second.
 
     The first forward is always attributed and, with no plain forward to compare with, charged its
-    whole duration: counted in, it reads "100 %" after one forward and stays inflated for a long
-    while. Left out, the figure is what instrumentation costs a running server.
+    whole duration (then, once plain forwards are seen, at most three of them): counted in, it
+    reads "100 %" after one forward and stays inflated for a long while. Left out, the figure is what instrumentation costs a running server.
     """
     if st.forwards < 2:
         return None

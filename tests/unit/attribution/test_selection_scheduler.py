@@ -1,3 +1,4 @@
+import pytest
 from memprof_otel.attribution.scheduler import AttributionScheduler
 from memprof_otel.attribution.selection import OTHER, path_depth, select_layers
 
@@ -59,8 +60,31 @@ def test_scheduler_disabled():
     assert not s.should_attribute()
 
 
-def test_scheduler_charges_self_timed_cost_of_plain_forwards():
+def test_scheduler_counts_root_hook_time_but_budgets_only_attribution():
+    """The root hooks' self-timed cost is overhead (exported) but not the budget's: not attributing
+    would not save it, and on millisecond forwards it alone exceeded a 0.2 % budget."""
     s = AttributionScheduler(every_n=1, budget=0.0)
-    s.record(0.01, False, 0.001)
-    assert abs(s.state().attribution_seconds - 0.001) < 1e-12
+    for _ in range(100):
+        s.record(0.01, False, 0.001)
+    assert abs(s.state().attribution_seconds - 0.1) < 1e-9
+    assert s.should_attribute()
+    s.record(0.02, True, 0.001)  # attributed: 10 ms over the plain EMA, the budget's
     assert not s.should_attribute()
+
+
+def test_a_cold_first_forward_does_not_keep_attribution_off_for_minutes():
+    """The first forward is attributed and charged whole (no plain forward to compare against);
+    once plain ones are seen it is recharged at most 3 plain forwards, so a 0.2 % budget lets the
+    next attribution through after ~1,500 forwards, not after the cold one's 2 s are repaid."""
+    s = AttributionScheduler(every_n=1, budget=0.002)
+    assert s.should_attribute()
+    s.record(2.0, attributed=True, self_timed_s=0.001)  # a cold first forward: 2 s
+    n = 0
+    while not s.should_attribute():
+        s.record(0.004, attributed=False, self_timed_s=0.000004)
+        n += 1
+        assert n < 10_000, "still repaying the first forward"
+    assert 1000 < n < 2500
+    st = s.state()
+    assert st.first_attributed_s == pytest.approx(0.012, rel=0.05)
+    assert st.attribution_seconds == pytest.approx(0.012 + n * 0.000004, rel=0.05)

@@ -1,0 +1,150 @@
+"""The memory model's table and answers: when it can answer, how it says when it cannot."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from memprof_otel.capacity.model import MemoryModel
+
+
+def peak(b: int, s: int) -> int:
+    return 1_000_000 + 4_000 * b * s + 30 * b * s * s
+
+
+def trained(shapes, **kw) -> MemoryModel:
+    m = MemoryModel(refit_interval_s=0, **kw)
+    m.background = False
+    for b, s in shapes:
+        m.observe({"batch": b, "seq_len": s}, peak(b, s), 100 * b * s)
+    return m
+
+
+GRID = [(b, s) for b in (1, 2, 4, 8) for s in (32, 128, 256)]
+
+
+def test_predicts_an_unseen_shape_inside_the_range_and_says_it_does_not_extrapolate():
+    m = trained(GRID)
+    p = m.predict({"batch": 3, "seq_len": 200})
+    assert p.reason is None and p.peak_bytes == pytest.approx(peak(3, 200), rel=1e-6)
+    assert not p.extrapolates and p.extrapolation == {}
+    assert p.error_ratio is not None and p.error_ratio < 1e-6
+    assert p.upper_bytes >= p.peak_bytes
+
+
+def test_flags_extrapolation_with_how_far():
+    p = trained(GRID).predict({"batch": 32, "seq_len": 64})
+    assert p.extrapolates and p.extrapolation == {"batch": 4.0}
+    p = trained(GRID).predict({"batch": 2, "seq_len": 8})
+    assert p.extrapolation == {"seq_len": 4.0}
+
+
+def test_too_few_shapes_says_how_many_more_are_needed():
+    m = trained([(1, 32), (2, 128)])
+    p = m.predict({"batch": 2, "seq_len": 32})
+    assert p.peak_bytes is None
+    assert "2 distinct shapes seen; 3 more needed" in p.reason
+    st = m.state()
+    assert st.needed == 3
+    assert MemoryModel().predict({"batch": 1}).reason == "no forward measured yet"
+
+
+def test_a_feature_never_varied_is_named_in_the_reason():
+    m = trained([(1, 128), (2, 128)])
+    assert "only one value seen of: seq_len" in m.predict({"batch": 4, "seq_len": 128}).reason
+
+
+def test_unknown_or_missing_features_are_refused_with_the_model_s_features():
+    m = trained(GRID)
+    p = m.predict({"batch": 3})
+    assert p.peak_bytes is None and "missing ['seq_len']" in p.reason
+    p = m.predict({"batch": 3, "seq_len": 4, "images": 2})
+    assert "unknown ['images']" in p.reason
+
+
+def test_same_shape_very_different_peaks_is_flagged_data_dependent():
+    m = trained(GRID)
+    for v in (1e6, 5e6, 1e6, 9e6):
+        m.observe({"batch": 1, "seq_len": 32}, int(v), 0)
+    p = m.predict({"batch": 2, "seq_len": 64})
+    assert p.varies
+    assert m.describe()["regimes"]["prefill"]["data_dependent_shapes"] == [{"batch": 1, "seq_len": 32}]
+
+
+def test_one_outlier_forward_does_not_move_a_shape_s_figure():
+    m = trained(GRID)
+    m.observe({"batch": 4, "seq_len": 128}, peak(4, 128) * 10, 0)  # e.g. a GC pause's garbage
+    m.observe({"batch": 4, "seq_len": 128}, peak(4, 128), 0)
+    assert m.predict({"batch": 4, "seq_len": 128}).peak_bytes == pytest.approx(peak(4, 128), rel=1e-6)
+
+
+def test_bounded_table_keeps_the_extremes():
+    m = trained([(1, 32), (64, 32), (1, 1024)] + [(b, s) for b in range(2, 9) for s in (40, 50, 60)], max_shapes=8)
+    seen = {tuple(sorted(r.features.items())) for r in m.shapes()}
+    assert len(seen) == 8
+    assert (("batch", 64), ("seq_len", 32)) in seen and (("batch", 1), ("seq_len", 1024)) in seen
+    assert m.predict({"batch": 32, "seq_len": 512}).extrapolates is False
+
+
+def test_max_safe_equals_a_brute_force_search():
+    m = trained(GRID)
+    err = 1 + m.state().error_ratio
+    for avail in (2e6, 5e7, 3e8):
+        for s in (32, 128, 256):
+            brute = 0
+            while peak(brute + 1, s) * err <= avail:
+                brute += 1
+            assert m.max_safe(avail, {"seq_len": s}, "batch") == brute
+    assert m.max_safe(10, {"seq_len": 32}, "batch") == 0
+
+
+def test_prompts_and_decode_steps_are_fitted_apart():
+    m = MemoryModel(refit_interval_s=0)
+    m.background = False
+    for b in (1, 2, 4, 8):
+        for s in (16, 64, 128):
+            m.observe({"batch": b, "seq_len": s, "cache_len": 0}, 10_000 * b * s + 5 * b * s * s, 0)
+        for c in (16, 64, 200, 400):
+            m.observe({"batch": b, "seq_len": 1, "cache_len": c}, 50_000 * b + 300 * b * c, 0)
+    assert set(m.describe()["regimes"]) == {"prefill", "decode"}
+    assert m.predict({"batch": 3, "seq_len": 1, "cache_len": 300}).peak_bytes == pytest.approx(
+        50_000 * 3 + 300 * 3 * 300, rel=1e-6)
+    assert m.predict({"batch": 3, "seq_len": 100, "cache_len": 0}).peak_bytes == pytest.approx(
+        10_000 * 300 + 5 * 3 * 100 * 100, rel=1e-6)
+
+
+def test_a_call_with_other_features_is_counted_not_mixed_in():
+    m = trained(GRID)
+    m.observe({"tokens": 5}, 100, 0)
+    assert m.mixed_features == 1 and len(m.shapes()) == len(GRID)
+
+
+def test_readers_never_wait_for_a_refit_once_a_fit_exists():
+    m = trained(GRID)
+    m.states()  # the first fit, inline
+    m.background = True
+    m.observe({"batch": 16, "seq_len": 256}, peak(16, 256), 0)
+    started = threading.Event()
+    release = threading.Event()
+    import memprof_otel.capacity.model as mod
+    real = mod._fit_states
+
+    def slow(recs):
+        started.set()
+        release.wait(5)
+        return real(recs)
+
+    mod._fit_states = slow
+    try:
+        before = m.states()  # kicks the background refit, answers with the old fit at once
+        assert started.wait(5)
+        assert m.predict({"batch": 16, "seq_len": 256}).extrapolates  # the old fit: batch 16 unseen
+        release.set()
+        for _ in range(500):
+            if m.states() is not before:
+                break
+            threading.Event().wait(0.01)
+        assert not m.predict({"batch": 16, "seq_len": 256}).extrapolates
+    finally:
+        mod._fit_states = real
+        release.set()
