@@ -448,7 +448,7 @@ class Endpoint:
         """Advice over what was measured, each citing its figures. Read-only: starts nothing, so
         before any data it answers an empty list with notes saying what is missing."""
         model = _str_param(q, "model")
-        floor = _str_param(q, "min_severity") or SEVERITIES[0]
+        floor = q.get("min_severity", [SEVERITIES[0]])[-1]  # an empty value is refused, not the default
         if floor not in SEVERITIES:
             raise HttpError(400, "bad_parameter", f"min_severity must be one of {', '.join(SEVERITIES)}, "
                             f"got {_shown(floor)}")

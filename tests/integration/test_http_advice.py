@@ -84,5 +84,6 @@ def test_model_and_min_severity_filter_and_bad_values_are_json_errors(client, ne
     assert "nope" in detail and "net" in detail
     detail = assert_error(client.get("/v1/advice", params={"min_severity": "loud"}), 400, "bad_parameter")
     assert "min_severity" in detail and "info, warning, critical" in detail
+    assert_error(client.get("/v1/advice", params={"min_severity": ""}), 400, "bad_parameter")
     assert_error(client.get("/v1/advice", params={"model": "x" * 300}), 400, "bad_parameter")
 
