@@ -24,11 +24,12 @@ from typing import Any, Callable
 
 from ._log import rate_limited
 from ._version import __version__
+from .advice import AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLayers, build_report
 from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
 from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
-from .dumps.service import DumpService
+from .dumps.service import DumpService, pick_model
 from .errors import ServeError
 from .export.exposition_merge import OPENMETRICS
 from .export.otel import OtelExporter
@@ -455,6 +456,56 @@ class Runtime:
         if not self.running:
             self.ensure_started()
         return self.tracker
+
+    # ---- advice ----------------------------------------------------------------------------
+    def capacity_facts(self) -> list[CapacityFacts]:
+        """Per model and device: the memory it may use, what is in use, the peak predicted for the
+        largest recent request and the largest safe batch per sequence length. The capacity model
+        fills it: a model that cannot answer yet (too few shapes, no limit known) has none, and the
+        near-limit advice stays silent about it."""
+        out = []
+        for name, h in sorted(live_instrumentations().items()):
+            if h.capacity is None:
+                continue
+            f = h.capacity.figures(h.last_device)
+            if f.budget is None or f.headroom is None or f.predicted_peak is None:
+                continue
+            out.append(CapacityFacts(name, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
+                                     int(f.predicted_peak), int(f.headroom), dict(f.max_safe_batch)))
+        return out
+
+    def advice_evidence(self) -> Evidence:
+        """What the advice rules read, taken now: the latest sample's allocator figures, every live
+        model's windowed layer peaks, the leak watch's suspects, capacity facts and OOM counts.
+        Reads what was already measured; starts nothing and touches no device."""
+        latest = self.sampler.latest() if self.sampler is not None else None
+        live = live_instrumentations()
+        models = []
+        for name, h in sorted(live.items()):
+            peaks = h.exported_layer_peaks()
+            if peaks:  # no attributed forward yet: nothing to cite
+                models.append(ModelLayers(name, h.last_device, {k: f.peak_increase for k, f in peaks.items()}))
+        watch = self.leaks
+        watching = watch is not None and watch.cfg.enabled and self.running
+        suspects = [LeakSuspect(s["source"], s["model"], s["layer"], s["device"],
+                                float(s["trend"]["slope_bytes_per_second"]), float(s["trend"]["growth_bytes"]),
+                                float(s["trend"]["window_seconds"]), s["last_bytes"])
+                    for s in (watch.report(1)["suspects"] if watching and watch is not None else [])]
+        return Evidence(sampled=latest is not None, allocators=dict(latest.allocators) if latest is not None else {},
+                        models=tuple(models), instrumented=tuple(sorted(live)), leak_watch=watching,
+                        leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts()),
+                        extra_ooms=dict(self.extra_ooms))
+
+    def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport:
+        """The advice rules over ``advice_evidence()``: at or above ``min_severity`` (ValueError
+        for an unknown one); with ``model``, about that model and its device (UnknownModel for a
+        model not instrumented). Never changes the process: acting on it is the caller's choice."""
+        device = None
+        if model is not None:
+            live = live_instrumentations()
+            pick_model(live, model)  # raises UnknownModel, naming the models there are
+            device = live[model].last_device
+        return build_report(self.advice_evidence(), model, min_severity, device)
 
     # ---- the one data path exporters read --------------------------------------------------
     def layer_views(self) -> list[LayerView]:

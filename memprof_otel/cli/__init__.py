@@ -26,6 +26,7 @@ COMMANDS = {
     "heap": "heap",
     "analyze": "analyze",
     "monitor": "monitor",
+    "advise": "advise",
     "demo": "demo",
     "headroom": "headroom",
 }

@@ -17,6 +17,7 @@ from ..errors import MemprofError
 
 EXIT_FAILURE = 1   # the command could not do its job (endpoint down, HTTP error, file not written)
 EXIT_USAGE = 2     # the input is wrong (bad config, bad JSON, bad URL); like argparse's own errors
+EXIT_ADVICE = 3    # the command worked and found what --fail-on asked about (advise): distinct from 1
 
 
 class CommandError(MemprofError):

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 
 
 from .._log import rate_limited
+from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
 from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId,
@@ -73,6 +74,7 @@ class EndpointServices(ScrapeSource, Protocol):
 
     def ensure_started(self, config: Config | None = None) -> Any: ...
     def self_view(self) -> SelfView: ...
+    def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport: ...
     def count_http_connection_error(self, reason: str) -> None: ...
 
 
@@ -280,6 +282,7 @@ class Endpoint:
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
             ("GET", "/v1/leaks"): self.leaks, ("GET", "/v1/headroom"): self.headroom,
+            ("GET", "/v1/advice"): self.advice,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
@@ -485,6 +488,16 @@ class Endpoint:
         if not handles:
             doc["reason"] = "no model is instrumented in this process"
         return json_response(200, doc)
+
+    def advice(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """Advice over what was measured, each citing its figures. Read-only: starts nothing, so
+        before any data it answers an empty list with notes saying what is missing."""
+        model = _str_param(q, "model")
+        floor = q.get("min_severity", [SEVERITIES[0]])[-1]  # an empty value is refused, not the default
+        if floor not in SEVERITIES:
+            raise HttpError(400, "bad_parameter", f"min_severity must be one of {', '.join(SEVERITIES)}, "
+                            f"got {_shown(floor)}")
+        return json_response(200, self.rt.advice(model, floor))  # UnknownModel: 404 unknown_model
 
     def get_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog

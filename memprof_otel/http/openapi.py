@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
+from ..advice import RULE_IDS, SEVERITIES
+from ..advice.items import UNITS
 from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT)
 
@@ -231,6 +233,30 @@ def _schemas() -> dict[str, Any]:
                 "floor_interval_seconds", "trend_window_seconds", "warmup_seconds",
                 "min_growth_rate_bytes_per_second", "min_growth_bytes", "confidence"],
                 "additionalProperties": _NUM}}},
+        "Advice": {"type": "object", "required": ["id", "severity", "title", "evidence", "action", "docs"],
+                   "properties": {
+            "id": {"type": "string", "enum": list(RULE_IDS), "description": "stable: what scripts match on"},
+            "severity": {"type": "string", "enum": list(SEVERITIES)},
+            "title": {"type": "string", "description": "one line, with the figures in human units"},
+            "evidence": {"type": "object", "required": ["source", "figures"], "properties": {
+                "source": {"type": "string", "description": "where the figures come from"},
+                "device": {"type": "string"}, "model": {"type": "string"}, "layer": {"type": "string"},
+                "figures": {"type": "object", "minProperties": 1, "additionalProperties": {
+                    "type": "object", "required": ["value", "unit"],
+                    "properties": {"value": _NUM, "unit": {"type": "string", "enum": list(UNITS)}}}}}},
+            "action": {"type": "string", "description": "what to do; nothing is changed for you"},
+            "docs": {"type": "string", "pattern": "^docs/advice\\.md#[a-z-]+$",
+                     "description": "link into the project's docs, relative to the repository root"}}},
+        "AdviceReport": {"type": "object", "required": ["advice", "notes", "model", "min_severity", "checked"],
+                         "properties": {
+            "advice": {"type": "array", "items": _ref("Advice"), "description": "most severe first"},
+            "notes": {"type": "array", "items": {"type": "string"},
+                      "description": "what was not measured, so some rules had nothing to check"},
+            "model": _NULLABLE_STR, "min_severity": {"type": "string", "enum": list(SEVERITIES)},
+            "checked": {"type": "object", "required": ["devices", "models", "rules"], "properties": {
+                "devices": {"type": "array", "items": {"type": "string"}},
+                "models": {"type": "array", "items": {"type": "string"}},
+                "rules": {"type": "array", "items": {"type": "string"}}}}}},
         "Alerts": {"type": "object", "required": ["alerts"],
                    "properties": {"alerts": {"type": "array", "items": _OBJ}}},
     }
@@ -318,6 +344,15 @@ def openapi_document() -> dict[str, Any]:
                  _q("seq_len", {"type": "integer", "minimum": 0}, "sequence length"),
                  _q("cache_len", {"type": "integer", "minimum": 0}, "tokens already in the KV cache")],
                 schema=_ref("Headroom"))},
+            "/v1/advice": {"get": _op(
+                "advice over what was measured: each item names the figures that triggered it, what to do "
+                "and its docs; nothing is changed for you", {
+                    "200": "the advice (an empty list with notes before any data)",
+                    "400": "bad parameter (min_severity)", "404": "unknown model", **auth}, [
+                    _q("model", {"type": "string", "maxLength": 256},
+                       "only the advice about this model, the device it runs on, and the process"),
+                    _q("min_severity", {"type": "string", "enum": list(SEVERITIES), "default": SEVERITIES[0]},
+                       "leave out advice below this severity")], schema=_ref("AdviceReport"))},
             "/v1/watchdog/rules": {
                 "get": _op("the threshold rules in force", {"200": "rules", **auth}, schema=_ref("Rules")),
                 "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule",

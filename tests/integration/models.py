@@ -47,6 +47,30 @@ class Tree(nn.Module):
         return self.b(self.a(x))
 
 
+ATTENTION_TRANSIENT_FLOATS = 12_000_000  # 48 MB: over the layer rule's 32 MiB floor, small for a CI machine
+
+
+class Attention(nn.Module):
+    """Materializes a large temporary (as an attention matrix would), frees it, returns x + 1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.ones(ATTENTION_TRANSIENT_FLOATS)
+        del scores
+        return x + 1
+
+
+class AttentionNet(nn.Module):
+    """proj (a Linear), then self_attn: nearly the whole forward's transient is the attention's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.self_attn = Attention()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.self_attn(self.proj(x))
+
+
 class Raiser(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1,0 +1,79 @@
+"""``memprof-otel advise`` run as users run it (a subprocess) against a live endpoint serving a real
+CPU model whose attention layer holds the forward's transient."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import memprof_otel as mp
+from tests.integration.demo_process import REPO
+from tests.integration.models import AttentionNet
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKEN = "adv1ce-token"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    return subprocess.run([sys.executable, "-m", "memprof_otel.cli", "advise", *args], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=REPO)
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> Iterator[str]:
+    mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
+    model = AttentionNet()
+    mp.instrument(model, name="net", every_n_forwards=1, overhead_budget=1.0)
+    with torch.inference_mode():
+        model(torch.randn(4, 8))
+    srv = mp.serve(port=0, token=TOKEN)
+    yield srv.url
+    srv.close()
+
+
+def test_advise_prints_each_advice_with_its_figures_and_exits_0(url):
+    proc = cli("--url", url, "--token", TOKEN)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "WARNING  layer-transient-peak: layer 'self_attn' of net" in out
+    assert "layer_peak_increase_bytes" in out and "MiB (" in out and "share" in out  # human units
+    assert "action: Use a memory-efficient attention" in out
+    assert "docs: docs/advice.md#layer-transient-peak" in out
+    assert "not checked:" in out and "no CUDA allocator figures" in out
+
+
+def test_fail_on_exits_3_at_or_above_the_severity_and_0_below(url):
+    assert cli("--url", url, "--token", TOKEN, "--fail-on", "warning").returncode == 3
+    assert cli("--url", url, "--token", TOKEN, "--fail-on", "info").returncode == 3
+    proc = cli("--url", url, "--token", TOKEN, "--fail-on", "critical")
+    assert proc.returncode == 0, proc.stderr
+    below = cli("--url", url, "--token", TOKEN, "--min-severity", "critical")
+    assert below.returncode == 0 and below.stdout.startswith("no advice at or above critical")
+
+
+def test_json_is_the_endpoints_document(url):
+    proc = cli("--url", url, "--token", TOKEN, "--json", "--model", "net")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["model"] == "net" and [a["id"] for a in doc["advice"]] == ["layer-transient-peak"]
+    assert doc["advice"][0]["evidence"]["figures"]["layer_peak_increase_bytes"]["unit"] == "bytes"
+
+
+@pytest.mark.parametrize("args,code,fragment", [
+    (["--model", "nope"], 1, "HTTP 404: unknown_model"),
+    (["--token", "wrong"], 1, "HTTP 401"),
+    (["--min-severity", "loud"], 2, "invalid choice"),
+])
+def test_errors_are_one_line_with_the_usual_exit_codes(url, args, code, fragment):
+    base = ["--url", url] + ([] if "--token" in args else ["--token", TOKEN])
+    proc = cli(*base, *args)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    assert fragment in proc.stderr and "Traceback" not in proc.stderr
