@@ -119,12 +119,22 @@ class Embedder:
         self.model = AutoModel.from_pretrained(path).eval()
         self.dim = int(self.model.config.hidden_size)
         self._tok_lock = threading.Lock()  # fast tokenizers are not safe for concurrent calls
+        self.handle: mp.Instrumentation | None = None  # set once instrumented: asked before each forward
+        self.splits = 0  # batches split in two because the memory model said they would not fit
 
     def _forward(self, texts: list[str]) -> list[list[float]]:
         torch = self._torch
         with self._tok_lock:
             batch = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS,
                                    return_tensors="pt")
+        n, tokens = batch["input_ids"].shape
+        # ask the memory model before running: a batch predicted not to fit in the memory left now
+        # (limit, what is in use, the margin, the fit's error) runs as two halves instead of dying
+        # with an OOM. While the model cannot tell yet, fits() answers True.
+        if n > 1 and self.handle is not None and not self.handle.fits(batch=n, seq_len=tokens):
+            self.splits += 1
+            half = len(texts) // 2
+            return self._forward(texts[:half]) + self._forward(texts[half:])
         with torch.inference_mode():
             hidden = self.model(**batch).last_hidden_state
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
@@ -303,6 +313,7 @@ def run_worker(host: str = "127.0.0.1", port: int = 9464, app_port: int = 8000, 
     mp.mark_operation("load")
     embedder = Embedder()
     handle = mp.instrument(embedder.model, name=MODEL, config=cfg)
+    embedder.handle = handle
     embedder.warmup()
     mp.mark_operation("serve")
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="embed")
