@@ -21,6 +21,9 @@ the figure. Variants:
   with the default CUDA method, one allocator-statistics read per module boundary
   (``cuda.attribution: boundary_reads``);
 * ``every-forward-trace``: the same over torch's allocator trace (``cuda.attribution: trace``);
+* ``root-readings``: the default, plus a root-only reading of every forward the scheduler leaves
+  plain, for the memory model (``capacity.root_readings: true``: one peak-register reset and one
+  allocator read per forward);
 * ``profiler``: ``torch.profiler.profile(profile_memory=True)`` around each forward, for scale
   (what people reach for today).
 
@@ -44,7 +47,7 @@ import memprof_otel as mp  # noqa: E402
 
 from ._paired import paired, paused, running  # noqa: E402
 
-VARIANTS = ("aa-control", "default", "every-forward", "every-forward-trace", "profiler")
+VARIANTS = ("aa-control", "default", "root-readings", "every-forward", "every-forward-trace", "profiler")
 
 
 def gpt2_fp16() -> torch.nn.Module:
@@ -94,7 +97,9 @@ def run_variant(variant: str, model: torch.nn.Module, name: str, fn: Callable[[]
     if variant == "profiler":
         return paired(label, fn, _profiled(fn), pairs=pairs, block=block)
     extra: dict[str, Any] = {}
-    if variant != "default":
+    if variant == "root-readings":
+        extra = {"capacity": {"root_readings": True}}
+    elif variant != "default":
         extra = {"every_n_forwards": 1, "overhead_budget": 1.0}
     if variant == "every-forward-trace":
         extra["cuda"] = {"attribution": "trace"}
@@ -102,7 +107,8 @@ def run_variant(variant: str, model: torch.nn.Module, name: str, fn: Callable[[]
     try:
         result = paired(label, paused(h, fn), running(h, fn), pairs=pairs, block=block)
         state = h.scheduler.state()
-        print(f"    attributed {state.attributed} of {state.forwards} forwards", flush=True)
+        read = h.capacity.root_readings if h.capacity is not None else 0
+        print(f"    attributed {state.attributed} of {state.forwards} forwards; {read} root readings", flush=True)
         return result
     finally:
         h.uninstrument()

@@ -507,6 +507,9 @@ class CapacityConfig:
     limit_bytes: int | None = _f(None, _optional(_size), "a memory limit of your own for this process on "
                                  "each model's device (its RSS on CPU, the allocator's allocated bytes on "
                                  "CUDA count against it); the detected limit still applies when it is tighter")
+    root_readings: bool = _f(False, _bool, "CUDA: forwards the scheduler does not attribute are read at "
+                             "their root (torch's peak register reset at entry, read at exit) to feed the "
+                             "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
 

@@ -23,6 +23,8 @@ class Capacity:
         self.budgets = budgets or BudgetReader(config.margin_ratio, config.margin_bytes,
                                                limit_bytes=config.limit_bytes)
         self.shape_errors = 0
+        self.root_readings = 0          # forwards read at their root only (capacity.root_readings)
+        self.root_readings_dropped = 0  # of those, dropped: another forward ran on the device meanwhile
 
     # ---- fed by the handle -----------------------------------------------------------------
     def features(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Features | None:
@@ -108,7 +110,8 @@ class Capacity:
                                "budget_reason": why_no_limit,
                                "shapes": [r.to_dict() for r in sorted(self.model.shapes(),
                                                                       key=lambda r: sorted(r.features.items()))],
-                               "shape_errors": self.shape_errors}
+                               "shape_errors": self.shape_errors, "root_readings": self.root_readings,
+                               "root_readings_dropped": self.root_readings_dropped}
         if features is not None:
             p = self.predict(features)
             doc["prediction"] = p.to_dict()

@@ -448,6 +448,9 @@ class Instrumentation:
                 elif self.scheduler.should_attribute():
                     self._begin(module, path, t, None, compiled)
                 tls.shape = None
+                if (tls.state is None and not path and self.capacity is not None
+                        and self.config.capacity.root_readings):
+                    self._begin_root_reading(module, t)
                 if tls.state is not None and not path and self.capacity is not None:
                     tls.shape = self._shape(args, kwargs)
         except Exception as e:
@@ -545,8 +548,10 @@ class Instrumentation:
                 if not cap.cancelled:
                     self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
-        self.scheduler.record(end - tls.start_s, state is not None, self_time)
-        self._notify(lambda obs: obs.forward_done(self, state, raised, exc))
+        attributed = state is not None and not state.root_only
+        self.scheduler.record(end - tls.start_s, attributed, self_time)
+        done = state if attributed else None  # a root reading is no attributed forward to observers
+        self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -737,10 +742,39 @@ class Instrumentation:
         self._tls.state = state
         state.begin(t)
 
+    def _begin_root_reading(self, module: nn.Module, t: float) -> None:
+        """A forward the scheduler left plain, read at its root only, for the memory model: on
+        CUDA one peak-register reset at entry and one allocator read at exit, no module hook, no
+        ledger. Not on CPU, where a root figure needs the ledger (the attributed forward's cost)."""
+        device = self._device_of(module)
+        if device.type != "cuda":
+            return
+        self.last_device = str(device)
+        counter: Any = registry.cuda_allocator(device.index or 0)
+        if counter is None:
+            return
+        if not self.config.cuda.reset_peak_stats:
+            counter = CudaPeakWatch(counter)  # the host application's register is left alone
+        state = ForwardState(self._paths, id(module), "", counter, self._origin_s, 0, self._count_error,
+                             record_events=False)
+        state.root_only = True
+        _share_counter(state, True)
+        self._tls.state = state
+        state.begin(t)
+
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
         self._pop_mode()
         calls = state.finish(t, raised)
         reason = self._dropped(state)
+        if state.root_only:  # only the memory model hears of it; a figure another forward moved is dropped
+            shape, self._tls.shape = self._tls.shape, None
+            if reason is None and shape and not raised and self.capacity is not None and calls:
+                root = calls[-1]
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
+                self.capacity.root_readings += 1
+            elif self.capacity is not None and reason is not None:
+                self.capacity.root_readings_dropped += 1
+            return
         if reason is not None:
             # never a silently wrong figure: the forward counts, its per-layer figures do not
             self.unattributed[reason] = self.unattributed.get(reason, 0) + 1
