@@ -28,6 +28,12 @@ class CommandError(MemprofError):
         self.exit_code = exit_code
 
 
+def add_endpoint_arguments(p: Any) -> None:
+    """``--url`` and ``--token``, the same on every subcommand that talks to a running endpoint."""
+    p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
+    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
+
+
 def endpoint_url(url: str) -> str:
     """``url`` without a trailing slash; a CommandError (exit 2) unless it is http(s)://host[:port]."""
     parts = urllib.parse.urlsplit(url.strip())

@@ -15,15 +15,14 @@ from typing import Any
 
 from ..advice import SEVERITIES, severity_rank
 from ..units import format_bytes
-from ._common import EXIT_ADVICE, Client, CommandError
+from ._common import EXIT_ADVICE, Client, CommandError, add_endpoint_arguments
 
 HELP = "advice over what a running endpoint measured, each citing its figures (--fail-on for CI)"
 WIDTH = 100
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
+    add_endpoint_arguments(p)
     p.add_argument("--model", default=None, help="only the advice about this model, its device and the process")
     p.add_argument("--min-severity", choices=SEVERITIES, default=SEVERITIES[0],
                    help="leave out advice below this severity")

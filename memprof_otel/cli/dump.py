@@ -15,7 +15,7 @@ import urllib.parse
 from typing import Any
 
 from ..files import write_bytes_atomic
-from ._common import EXIT_USAGE, Client, CommandError
+from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
 
 HELP = "trigger a deep capture on a running endpoint and download it (speedscope JSON)"
 STORE_MARGIN_S = 30.0  # beyond --timeout: building and storing the file once the forwards are in
@@ -23,9 +23,8 @@ POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common prox
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
+    add_endpoint_arguments(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the dump")
-    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
     p.add_argument("--model", default=None, help="model name (needed when several are instrumented)")
     p.add_argument("--forwards", type=int, default=1, help="forwards to capture (1..1000)")
     p.add_argument("--timeout", type=float, default=30.0,

@@ -12,15 +12,14 @@ import json
 from typing import Any
 
 from ..units import format_bytes
-from ._common import Client
+from ._common import Client, add_endpoint_arguments
 
 HELP = "how much more fits: max safe batch per sequence length, or one shape's predicted peak"
 EXIT_WOULD_NOT_FIT = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--token", default=None, help="bearer token (http.token)")
+    add_endpoint_arguments(p)
     p.add_argument("--model", default=None, help="model name (all when absent)")
     p.add_argument("--batch", type=int, default=None, help="batch size of the shape to predict")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length of the shape to predict")

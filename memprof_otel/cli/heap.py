@@ -14,20 +14,19 @@ from typing import Any
 from ..files import write_bytes_atomic
 from ..http.guards import HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP
 from ..units import format_bytes
-from ._common import EXIT_USAGE, Client, CommandError
+from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
 
 HELP = "trace a running endpoint's Python heap for N seconds and print the top growing allocation sites"
 ANSWER_MARGIN_S = 60.0  # after the traced seconds: two snapshots, the diff and the stored file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
+    add_endpoint_arguments(p)
     p.add_argument("--seconds", required=True, type=float,
                    help=f"seconds to trace ({HEAP_SECONDS[1]:g}..{HEAP_SECONDS[2]:g})")
     p.add_argument("--top", type=int, default=HEAP_TOP[0], help=f"sites to show ({HEAP_TOP[1]}..{HEAP_TOP[2]})")
     p.add_argument("--frames", type=int, default=HEAP_FRAMES[0],
                    help=f"frames kept per traceback ({HEAP_FRAMES[1]}..{HEAP_FRAMES[2]})")
-    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
     p.add_argument("--tracebacks", action="store_true", help="print each site's traceback too")
     p.add_argument("--json", action="store_true", help="print the endpoint's JSON answer as it is")
     p.add_argument("-o", "--output", default=None, metavar="FILE",

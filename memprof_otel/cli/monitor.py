@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..units import format_bytes
-from ._common import Client, CommandError
+from ._common import Client, CommandError, add_endpoint_arguments
 
 HELP = "live terminal view of a running endpoint (--once for a single frame)"
 CLEAR = "\x1b[H\x1b[2J"
@@ -22,8 +22,7 @@ TOP_LAYERS = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
+    add_endpoint_arguments(p)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
 

@@ -109,3 +109,12 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def error_detail(r: httpx.Response, status: int, error: str) -> str:
+    """Assert an endpoint error: ``status``, a JSON body ``{"error": error, "detail": ...}``; the detail."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert set(body) == {"error", "detail"} and body["error"] == error and body["detail"], body
+    return body["detail"]

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 from tests.integration.demo_process import REPO, free_ports
-from tests.integration.helpers import JSON_HEADERS, wait_until
+from tests.integration.helpers import JSON_HEADERS, error_detail, wait_until
 from tests.schemas import validate_speedscope
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,12 +80,6 @@ def no_tracing_left() -> Iterator[None]:
 def heap(c: httpx.Client, body: Any = None, **kw: Any) -> httpx.Response:
     return c.post("/v1/heap", json={"seconds": 1} if body is None else body, timeout=70, **kw)
 
-
-def assert_error(r: httpx.Response, status: int, error: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error", "detail"} and body["error"] == error, body
-    return body["detail"]
 
 
 def heap_counts(c: httpx.Client) -> dict[str, float]:
@@ -175,7 +169,7 @@ def test_a_second_request_while_one_runs_is_409(client, server):
                                                             {"seconds": 3})))
     t.start()
     wait_until(lambda: runtime().heap.running, what="the first heap diff to start")
-    assert "already running" in assert_error(heap(client), 409, "heap_diff_in_progress")
+    assert "already running" in error_detail(heap(client), 409, "heap_diff_in_progress")
     t.join(30)
     assert answers[0].status_code == 200, answers[0].text
     assert not tracemalloc.is_tracing()
@@ -205,7 +199,7 @@ def test_shutdown_ends_a_running_diff_and_its_tracing(server):
     ({"top": [3]}, "top"), ({"seconds": 1, "bogus": 1}, "bogus"),
 ])
 def test_out_of_range_or_wrong_type_fields_are_400_naming_the_field(client, body, field):
-    detail = assert_error(heap(client, body), 400, "bad_parameter")
+    detail = error_detail(heap(client, body), 400, "bad_parameter")
     assert field in detail
     assert client.get("/v1/dumps").json() == {"dumps": []} and not runtime().heap.running
 
@@ -214,8 +208,8 @@ def test_out_of_range_or_wrong_type_fields_are_400_naming_the_field(client, body
                                            (b'{"seconds": NaN}', "bad_parameter"),
                                            (b'{"seconds": 1e999}', "bad_parameter")])
 def test_a_body_that_is_not_an_object_of_fields_is_400(client, content, error):
-    assert_error(client.post("/v1/heap", content=content), 400, error)
-    assert_error(client.post("/v1/heap", params={"seconds": "5"}, json={}), 400, "bad_parameter")
+    error_detail(client.post("/v1/heap", content=content), 400, error)
+    error_detail(client.post("/v1/heap", params={"seconds": "5"}, json={}), 400, "bad_parameter")
     assert client.get("/v1/dumps").json() == {"dumps": []}
 
 
@@ -225,18 +219,18 @@ def test_token_origin_host_and_content_type_guards(tmp_path):
     good = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=srv.url, timeout=30, headers=JSON_HEADERS) as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-            assert_error(heap(c, headers=headers), 401, "unauthorized")
-        assert_error(heap(c, headers={**good, "Origin": "http://evil.example"}), 403, "origin_not_allowed")
-        assert_error(heap(c, headers={**good, "Host": "evil.example"}), 403, "host_not_allowed")
+            error_detail(heap(c, headers=headers), 401, "unauthorized")
+        error_detail(heap(c, headers={**good, "Origin": "http://evil.example"}), 403, "origin_not_allowed")
+        error_detail(heap(c, headers={**good, "Host": "evil.example"}), 403, "host_not_allowed")
         r = c.post("/v1/heap", content=b'{"seconds": 1}', headers={**good, "Content-Type": "text/plain"})
-        assert_error(r, 415, "unsupported_media_type")
+        error_detail(r, 415, "unsupported_media_type")
         assert c.get("/v1/dumps", headers=good).json() == {"dumps": []}
         assert heap(c, headers=good).status_code == 200
     srv.close()
     # without a token, a non-loopback bind refuses it
     srv = mp.serve(host="0.0.0.0", port=0, token="")
     with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}", timeout=30, headers=JSON_HEADERS) as c:
-        assert "token" in assert_error(heap(c), 403, "forbidden")
+        assert "token" in error_detail(heap(c), 403, "forbidden")
     srv.close()
 
 

@@ -15,6 +15,7 @@ from memprof_otel.advice import RULE_IDS
 from memprof_otel.runtime import runtime
 
 from .models import ATTENTION_TRANSIENT_FLOATS, AttentionNet
+from .helpers import error_detail
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,13 +36,6 @@ def validator(client: httpx.Client) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator({**spec["components"]["schemas"]["AdviceReport"],
                                             "components": spec["components"]})
 
-
-def assert_error(r: httpx.Response, status: int, error: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert body["error"] == error and body["detail"], body
-    return body["detail"]
 
 
 def test_before_any_data_the_answer_is_empty_with_notes_not_an_error(client):
@@ -80,10 +74,10 @@ def test_model_and_min_severity_filter_and_bad_values_are_json_errors(client, ne
     assert scoped["model"] == "net" and [a["id"] for a in scoped["advice"]] == ["layer-transient-peak"]
     assert client.get("/v1/advice", params={"min_severity": "critical"}).json()["advice"] == []
     assert client.get("/v1/advice", params={"min_severity": "warning"}).json()["advice"] != []
-    detail = assert_error(client.get("/v1/advice", params={"model": "nope"}), 404, "unknown_model")
+    detail = error_detail(client.get("/v1/advice", params={"model": "nope"}), 404, "unknown_model")
     assert "nope" in detail and "net" in detail
-    detail = assert_error(client.get("/v1/advice", params={"min_severity": "loud"}), 400, "bad_parameter")
+    detail = error_detail(client.get("/v1/advice", params={"min_severity": "loud"}), 400, "bad_parameter")
     assert "min_severity" in detail and "info, warning, critical" in detail
-    assert_error(client.get("/v1/advice", params={"min_severity": ""}), 400, "bad_parameter")
-    assert_error(client.get("/v1/advice", params={"model": "x" * 300}), 400, "bad_parameter")
+    error_detail(client.get("/v1/advice", params={"min_severity": ""}), 400, "bad_parameter")
+    error_detail(client.get("/v1/advice", params={"model": "x" * 300}), 400, "bad_parameter")
 

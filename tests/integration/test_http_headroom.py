@@ -15,7 +15,7 @@ import torch
 import memprof_otel as mp
 from tests.integration.demo_process import REPO
 
-from .helpers import scrape_values
+from .helpers import error_detail, scrape_values
 
 pytestmark = pytest.mark.timeout(180)
 transformers = pytest.importorskip("transformers")
@@ -46,13 +46,6 @@ def validate(client: httpx.Client, doc: dict) -> None:
     jsonschema.Draft202012Validator({**spec["components"]["schemas"]["Headroom"],
                                      "components": spec["components"]}).validate(doc)
 
-
-def assert_error(r: httpx.Response, status: int, error: str) -> str:
-    assert r.status_code == status, (r.status_code, r.text)
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert body["error"] == error and body["detail"], body
-    return body["detail"]
 
 
 def test_before_any_data_a_200_that_says_why(client):
@@ -100,17 +93,17 @@ def test_the_table_without_a_shape(client, learned):
     ({"not-a-name": "3"}, "not-a-name"),
 ])
 def test_bad_shapes_are_a_400_naming_the_field(client, learned, params, field):
-    detail = assert_error(client.get("/v1/headroom", params={"model": "gpt2", **params}), 400, "bad_parameter")
+    detail = error_detail(client.get("/v1/headroom", params={"model": "gpt2", **params}), 400, "bad_parameter")
     assert field in detail
 
 
 def test_unknown_model_is_a_404(client, learned):
-    assert "nope" in assert_error(client.get("/v1/headroom", params={"model": "nope"}), 404, "unknown_model")
+    assert "nope" in error_detail(client.get("/v1/headroom", params={"model": "nope"}), 404, "unknown_model")
 
 
 def test_several_models_need_a_name_with_a_shape(client, learned):
     mp.instrument(gpt2(), name="other")
-    assert "model is required" in assert_error(client.get("/v1/headroom", params={"batch": 2}), 400, "bad_parameter")
+    assert "model is required" in error_detail(client.get("/v1/headroom", params={"batch": 2}), 400, "bad_parameter")
     assert set(client.get("/v1/headroom").json()["models"]) == {"gpt2", "other"}
 
 
