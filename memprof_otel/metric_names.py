@@ -100,6 +100,10 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_capacity_usable_bytes", "memprof.capacity.usable", "By", "gauge",
               "Memory the device's forwards may use: the limit named by 'limit' minus what other processes "
               "and this process's non-allocator memory hold, minus the margin", ("device", "limit")),
+    # advice
+    MetricDef("memprof_advice_severity", "memprof.advice.severity", "", "gauge",
+              "The most severe advice of this rule now: 0 none, 1 info, 2 warning, 3 critical "
+              "(GET /v1/advice has the figures it cites); every rule from the start, at 0", ("id",)),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),

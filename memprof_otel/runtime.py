@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from ._log import rate_limited
 from ._version import __version__
-from .advice import AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLayers, build_report
+from .advice import (AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLayers, advise, build_report,
+                     severity_by_id)
 from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
 from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler
@@ -554,6 +555,14 @@ class Runtime:
                 out.setdefault(name, []).extend(rows)
         for op, f in sorted(self.op_stats.snapshot().items()):
             out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))
+        try:  # the advice rules over what was just measured: a rule that fails never costs the scrape
+            levels = severity_by_id(advise(self.advice_evidence()))
+        except Exception as e:
+            rate_limited.warning("advice-series", "memprof_otel: the advice rules failed (%r); "
+                                 "memprof_advice_severity left out of this scrape", e)
+            levels = {}
+        for rid, level in sorted(levels.items()):
+            out.setdefault("memprof_advice_severity", []).append(({"id": rid}, level))
         if per_layer:
             self._series_cache = (now, out)
         return out

@@ -394,6 +394,14 @@ def overview(q: Matchers) -> dict[str, Any]:
                     "process's non-allocator memory hold, minus the margin.",
                     [target(f"memprof_capacity_usable_bytes{{{q.dev}}}", "{{instance}} {{device}} ({{limit}})")],
                     "bytes"), 8, 8),
+        (stat("Advice in force",
+              "The most severe advice of each rule now, over the instances shown (memprof-otel advise "
+              "--url ... or GET /v1/advice names the figures behind it and what to do; docs/advice.md "
+              "explains each rule).",
+              [target(f"max by (id) (memprof_advice_severity{{{q.base}}})", "{{id}}")], "none",
+              mappings=mapping({"0": ("none", GREEN), "1": ("info", GREEN), "2": ("warning", ORANGE),
+                                "3": ("critical", RED)}),
+              threshold_steps=((2, ORANGE), (3, RED)), color_mode="background"), 24, 4),
     ])
     watchdog: Section = ("Watchdog", [
         (stat("Watchdog rules firing",

@@ -29,6 +29,16 @@ class AdviceReport:
                 "checked": {"devices": list(self.devices), "models": list(self.models), "rules": list(RULE_IDS)}}
 
 
+def severity_by_id(items: Sequence[Advice]) -> dict[str, int]:
+    """Rule id -> the most severe of its advice now, as ``memprof_advice_severity`` reads it: 0 none,
+    1 info, 2 warning, 3 critical. Every id, at 0 without advice: a dashboard and a rule see the
+    series before the first advice."""
+    out = {rid: 0 for rid in RULE_IDS}
+    for a in items:
+        out[a.id] = max(out[a.id], severity_rank(a.severity) + 1)
+    return out
+
+
 def notes(ev: Evidence, model: str | None = None) -> list[str]:
     """What is missing for some rules to have anything to check."""
     out: list[str] = []
