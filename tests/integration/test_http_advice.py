@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import memprof_otel as mp
-from memprof_otel.advice import RULE_IDS
+from memprof_otel.advice import RULE_IDS, SEVERITIES
 from memprof_otel.runtime import runtime
 
 from .models import ATTENTION_TRANSIENT_FLOATS, AttentionNet
-from .helpers import error_detail
+from .helpers import error_detail, scrape_values
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,3 +81,13 @@ def test_model_and_min_severity_filter_and_bad_values_are_json_errors(client, ne
     error_detail(client.get("/v1/advice", params={"min_severity": ""}), 400, "bad_parameter")
     error_detail(client.get("/v1/advice", params={"model": "x" * 300}), 400, "bad_parameter")
 
+
+
+def test_the_severity_gauge_follows_the_advice(client, net):
+    doc = client.get("/v1/advice").json()
+    got = {dict(k)["id"]: v for k, v in scrape_values(client, "memprof_advice_severity").items()}
+    expected = {rid: 0.0 for rid in RULE_IDS}  # every rule, from 0
+    for a in doc["advice"]:
+        expected[a["id"]] = max(expected[a["id"]], SEVERITIES.index(a["severity"]) + 1.0)
+    assert got == expected
+    assert got["layer-transient-peak"] >= 1  # the attention layer's advice, as the route gives it
