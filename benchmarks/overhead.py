@@ -99,7 +99,7 @@ def run(modes: list[str], quick: bool, only: str | None = None, scale: float = 1
         clock: Callable[[], float] = time.perf_counter) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     for model_name, build, workloads in (("gpt2", gpt2, gpt2_workloads), ("minilm", minilm, minilm_workloads)):
-        if only and only not in model_name and not any(only in f"{model_name} {w}" for w in PLAN):
+        if only and only not in model_name and not any(only in w for w in PLAN if w.startswith(f"{model_name} ")):
             continue
         model = build()
         fns = workloads(model)
