@@ -3,8 +3,9 @@ measured forwards had, and the fit over it (``fit.py``), with everything a calle
 about when not to trust it.
 
 Thread-safe: forwards ``observe()`` on their own threads (an O(1) table update under a lock);
-readers refit lazily, outside the lock, at most once per ``refit_interval_s`` while the table
-changes, so asking before every request costs a dictionary lookup and a few multiplications.
+readers refit lazily, outside the lock and off their own thread, at most once per
+``refit_interval_s`` and ``REFIT_CPU_SHARE`` of a core while the table changes, so asking before
+every request costs a dictionary lookup and a few multiplications.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ Key = tuple[tuple[str, int], ...]
 # median, the forward's memory depends on its data (routing, early exit, a data-dependent loop),
 # not its shape alone: measured spreads of repeat forwards on CPU and CUDA are well under 1 %.
 VARIES_RATIO = 0.25
+# A refit is pure Python holding the GIL (56 ms at 64 shapes, 200 ms at 256, measured): refits are
+# spaced so they take at most this share of one core while the table keeps changing
+REFIT_CPU_SHARE = 0.01
 RECENT_PER_SHAPE = 16  # the median of the last 16 forwards: one outlier moves it not at all
 MIN_EXTRA_SHAPES = 1   # shapes beyond the identified terms: one left out still leaves a full fit
 
@@ -118,6 +122,7 @@ class MemoryModel:
         self._fitted_at = -math.inf
         self._states: dict[str, FitState] = {}
         self._refitting = False
+        self._last_refit_s = 0.0  # how long the last refit took (spaces the next one)
         self.background = True  # tests fit inline for determinism
         self.observed = 0
         self.mixed_features = 0  # forwards whose feature names differ from the table's (not modelled)
@@ -181,7 +186,8 @@ class MemoryModel:
         now = self._clock()
         with self._lock:
             stale = self._fitted_version != self._version
-            due = force or now - self._fitted_at >= self.refit_interval_s
+            due = force or now - self._fitted_at >= max(self.refit_interval_s,
+                                                         self._last_refit_s / REFIT_CPU_SHARE)
             if not (stale and due) or (self._refitting and not force):
                 return self._states
             background = bool(self._states) and not force and self.background
@@ -201,8 +207,10 @@ class MemoryModel:
             with self._lock:
                 version = self._version
                 recs = [(k, dict(r.features), r.peak, r.spread) for k, r in self._shapes.items()]
+            started = time.perf_counter()
             states = _fit_states(recs)
             with self._lock:
+                self._last_refit_s = time.perf_counter() - started
                 if version >= self._fitted_version:
                     self._states, self._fitted_version = states, version
                 return self._states

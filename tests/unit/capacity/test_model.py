@@ -122,6 +122,7 @@ def test_a_call_with_other_features_is_counted_not_mixed_in():
 def test_readers_never_wait_for_a_refit_once_a_fit_exists():
     m = trained(GRID)
     m.states()  # the first fit, inline
+    m._last_refit_s = 0.0  # due again at once (refits are spaced by their own cost)
     m.background = True
     m.observe({"batch": 16, "seq_len": 256}, peak(16, 256), 0)
     started = threading.Event()
@@ -148,3 +149,19 @@ def test_readers_never_wait_for_a_refit_once_a_fit_exists():
     finally:
         mod._fit_states = real
         release.set()
+
+
+def test_refits_are_spaced_by_their_own_cost():
+    """A refit that took 50 ms is not repeated within 5 s (1 % of a core), however the table changes."""
+    now = [0.0]
+    m = MemoryModel(refit_interval_s=1.0, clock=lambda: now[0])
+    m.background = False
+    for b, s in GRID:
+        m.observe({"batch": b, "seq_len": s}, peak(b, s), 0)
+    first = m.states()
+    m._last_refit_s = 0.05
+    m.observe({"batch": 16, "seq_len": 32}, peak(16, 32), 0)
+    now[0] = 2.0
+    assert m.states() is first  # due after 1 s by the interval, but not by its cost
+    now[0] = 5.1
+    assert m.states() is not first
