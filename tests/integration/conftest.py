@@ -20,6 +20,9 @@ def _reset() -> None:
     rt.tracker.end_phase()
     rt.tracker.clear()
     rt.op_stats.clear()
+    # OOMs seen in forwards count for the life of the process (a counter); one test's OOMs must
+    # not become the next test's critical advice
+    rt.extra_ooms.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ metric family that can exist on this host is stored and queryable; the GPU famil
 the cgroup ones present exactly where this host's cgroup (read independently) has the figure."""
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -57,9 +58,11 @@ class Traffic(threading.Thread):
         self.model, self.stop, self.errors = model, threading.Event(), []
 
     def run(self) -> None:
-        x = torch.randn(4, 8)
+        # batches of several sizes: the memory model's families need a few distinct shapes
+        batches = itertools.cycle([torch.randn(b, 8) for b in (1, 2, 3, 4, 6, 8)])
         while not self.stop.is_set():
             try:
+                x = next(batches)
                 with mp.operation("generate"):
                     self.model(x)
                 with mp.operation("embed"):
