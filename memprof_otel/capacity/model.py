@@ -26,7 +26,7 @@ Key = tuple[tuple[str, int], ...]
 # median, the forward's memory depends on its data (routing, early exit, a data-dependent loop),
 # not its shape alone: measured spreads of repeat forwards on CPU and CUDA are well under 1 %.
 VARIES_RATIO = 0.25
-# A refit is pure Python holding the GIL (56 ms at 64 shapes, 200 ms at 256, measured): refits are
+# A refit is pure Python holding the GIL (99 ms at 64 shapes, 265 ms at 256, measured): refits are
 # spaced so they take at most this share of one core while the table keeps changing
 REFIT_CPU_SHARE = 0.01
 RECENT_PER_SHAPE = 16  # the median of the last 16 forwards: one outlier moves it not at all
