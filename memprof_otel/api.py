@@ -53,7 +53,10 @@ def start_monitoring(config: Any = None, *, meter_provider: Any = None, tracer_p
 
 
 def stop_monitoring(timeout: float = 2.0) -> bool:
-    """Stop the sampler (joined within ``timeout``); instrumented models keep their hooks."""
+    """Stop the sampler (joined within ``timeout``); instrumented models keep their hooks, and what
+    was sampled stays: ``timeline()``, ``report()``, ``plot()`` and ``export_timeline()`` still show
+    it. A ``start_monitoring()`` with the same settings continues that history; with other settings
+    it starts a new one."""
     return runtime().stop_monitoring(timeout)
 
 
@@ -79,15 +82,13 @@ def timeline(since: float | None = None) -> Timeline:
     ``since``: seconds back from now (None = everything in the ring buffer)."""
     rt = runtime()
     since_unix = None if since is None else time.time() - since
-    samples = rt.sampler.samples(since_unix) if rt.sampler is not None else []
-    return Timeline.from_samples(samples, rt.tracker.records(since_unix))
+    return Timeline.from_samples(rt.samples(since_unix), rt.tracker.records(since_unix))
 
 
 def report() -> str:
     """The operations report: peak RSS, when, during which operation; a numbered timeline."""
     rt = runtime()
-    samples = rt.sampler.samples() if rt.sampler is not None else []
-    return format_report(samples, rt.tracker.records())
+    return format_report(rt.samples(), rt.tracker.records())
 
 
 def plot(path: str | os.PathLike[str]) -> None:

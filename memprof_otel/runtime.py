@@ -127,6 +127,8 @@ class Runtime:
         self.export_errors: Counter[str] = Counter({"prometheus": 0})
         self.dumps: Counter[tuple[str, str]] = Counter({("speedscope", "ok"): 0, ("speedscope", "error"): 0})
         self.extra_ooms: Counter[str] = Counter()
+        # (config, samples) of the last sampler stopped, until monitoring starts again
+        self._kept: tuple[Config | None, list[Sample]] | None = None
         # configuration values the environment got wrong, each counted and logged once
         self.config_errors: Counter[str] = Counter({"env": 0})
         self._config_errors_seen: set[str] = set()
@@ -143,7 +145,7 @@ class Runtime:
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.count_dump)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
-        self.oom_recorder = OomRecorder(self._samples, self.tracker.records, self._count_oom,
+        self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
@@ -203,6 +205,9 @@ class Runtime:
         self.op_stats.max_names = cfg.prometheus.max_operations
         sampler = Sampler(self._source_specs(), cfg.sampler.interval, cfg.sampler.buffer_size,
                           current_operation=self.tracker.current_name)
+        kept, self._kept = self._kept, None
+        if kept is not None and kept[0] == cfg:  # a restart with the same settings continues the history
+            sampler.seed(kept[1])
         sampler.add_listener(self.tracker.observe)
         # a restart with other OTel settings (endpoint, interval...) replaces our exporter
         otel_changed = self.otel is not None and prev is not None and (
@@ -374,11 +379,24 @@ class Runtime:
         cfg = self.config
         return service_name_in_effect(cfg.service_name if cfg is not None else None, os.environ)
 
-    def _samples(self) -> list[Sample]:
-        return self.sampler.samples() if self.sampler is not None else []
+    def samples(self, since_unix: float | None = None) -> list[Sample]:
+        """The samples taken: the running sampler's, or, after ``stop_monitoring()``, what it had
+        taken (a batch job starts, runs, stops, then reports)."""
+        s = self.sampler
+        if s is not None:
+            return s.samples(since_unix)
+        kept = self._kept
+        if kept is None:
+            return []
+        return kept[1] if since_unix is None else [x for x in kept[1] if x.t >= since_unix]
+
+    def discard_samples(self) -> None:
+        """Forget a stopped sampler's samples (a test's isolation; a new run with other settings
+        does it by itself)."""
+        self._kept = None
 
     def _history(self) -> tuple[list[Sample], list[OperationRecord]]:
-        return self._samples(), self.tracker.records()
+        return self.samples(), self.tracker.records()
 
     def _count_oom(self, device: str) -> None:
         self.extra_ooms[device] += 1
@@ -397,7 +415,13 @@ class Runtime:
     def _stop(self, timeout: float) -> bool:
         sampler, self.sampler = self.sampler, None
         self.tracker.end_phase()
-        return sampler.stop(timeout) if sampler is not None else True
+        if sampler is None:
+            return True
+        stopped = sampler.stop(timeout)
+        # what it sampled stays readable (timeline, report, plot, export_timeline, /v1/timeline)
+        # until monitoring starts again: with the same settings it goes on from there
+        self._kept = (self.config, sampler.samples())
+        return stopped
 
     def add_shutdown_hook(self, fn: Callable[[float], None]) -> None:
         self._shutdown_hooks.append(fn)

@@ -74,6 +74,7 @@ class EndpointServices(ScrapeSource, Protocol):
 
     def ensure_started(self, config: Config | None = None) -> Any: ...
     def self_view(self) -> SelfView: ...
+    def samples(self, since_unix: float | None = None) -> list[Any]: ...
     def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport: ...
     def count_http_connection_error(self, reason: str) -> None: ...
 
@@ -450,8 +451,7 @@ class Endpoint:
             raise HttpError(400, "bad_parameter", "cursor must be the `next` or `resume` value of an earlier "
                             f"page, got {_shown(raw_cursor or '')}")
         since_unix = None if since is None else time.time() - since
-        s = self.rt.sampler
-        samples = [x for x in (s.samples(since_unix) if s is not None else []) if x.t > after[0]]
+        samples = [x for x in self.rt.samples(since_unix) if x.t > after[0]]
         ops = [r for r in self.rt.tracker.records(since_unix) if r.id > after[1]]
         return Response(200, timeline_page(samples, ops, after, limit, TIMELINE_MAX_BYTES), JSON)
 

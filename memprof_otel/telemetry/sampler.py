@@ -287,6 +287,11 @@ class Sampler:
         except IndexError:
             return None
 
+    def seed(self, history: list[Sample]) -> None:
+        """Start from an earlier run's samples (a restart with the same settings continues it);
+        the ring's bound still holds."""
+        self._buffer.extend(history)
+
     def samples(self, since_unix: float | None = None) -> list[Sample]:
         snap = list(self._buffer)
         if since_unix is None:

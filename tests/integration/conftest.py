@@ -23,6 +23,7 @@ def _reset() -> None:
     # OOMs seen in forwards count for the life of the process (a counter); one test's OOMs must
     # not become the next test's critical advice
     rt.extra_ooms.clear()
+    rt.discard_samples()  # a stopped sampler's samples stay readable: not into the next test
 
 
 @pytest.fixture(autouse=True)
