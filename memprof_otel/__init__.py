@@ -13,7 +13,7 @@ from .attribution.torch.instrumentation import Instrumentation
 from .config import Config, load_config
 from .dumps.capture import Capture
 from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,
-                     InstrumentationError, InvalidDumpId, MemprofError, ServeError, SourceUnavailable,
+                     InstrumentationError, InvalidDumpId, MemprofError, ModelRequired, ServeError, SourceUnavailable,
                      UnknownModel)
 from .http.server import Server
 from .telemetry.operations import current_operation
@@ -22,7 +22,7 @@ from .timeline import OperationRecord, Sample, Timeline
 __all__ = sorted([
     "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "DumpNotFound",
     "ExportError", "Instrumentation", "Server", "InstrumentationError", "InvalidDumpId", "LayerMemoryStats", "MemprofError",
-    "OperationRecord", "Sample", "ServeError", "SourceUnavailable", "Timeline", "UnknownModel", "__version__",
+    "ModelRequired", "OperationRecord", "Sample", "ServeError", "SourceUnavailable", "Timeline", "UnknownModel", "__version__",
     "add_alert_callback", "current_operation", "end_phase", "instrument", "load_config", "mark_operation",
     "operation", "plot", "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring",
     "timeline", "wsgi_app", "asgi_app",

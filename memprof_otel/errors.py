@@ -46,6 +46,11 @@ class UnknownModel(MemprofError, LookupError):
     """No instrumented model has this name."""
 
 
+class ModelRequired(UnknownModel):
+    """Several models are instrumented and the call did not say which (HTTP 400: a missing
+    parameter, not an unknown name). An ``UnknownModel``, for code that catches that."""
+
+
 class ServeError(MemprofError, OSError):
     """The endpoint cannot listen where asked (port taken, address not on this host)."""
 

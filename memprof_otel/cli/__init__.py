@@ -10,7 +10,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from .._version import __version__
 from ..errors import ConfigError, MemprofError
@@ -32,8 +32,17 @@ COMMANDS = {
 }
 
 
+class _UsageError(Exception):
+    """An argument error: one line on stderr and exit 2, as every other error (usage with --help)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints a usage block, then exits 2
+        raise _UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG, description="Per-layer PyTorch memory telemetry for Prometheus and OpenTelemetry.",
         epilog="Set MEMPROF_OTEL_DEBUG=1 to get a traceback instead of a one-line error.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -61,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, --version and usage errors: argparse has printed them
+    except _UsageError as e:
+        return _fail(str(e), EXIT_USAGE)
+    except SystemExit as e:  # --help and --version: argparse has printed them
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     if os.environ.get("MEMPROF_OTEL_DEBUG", "").strip().lower() in ("1", "true", "yes", "on"):
         return int(args.run(args) or 0)

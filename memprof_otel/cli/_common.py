@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import urllib.error
 import urllib.parse
@@ -28,10 +29,14 @@ class CommandError(MemprofError):
         self.exit_code = exit_code
 
 
+TOKEN_ENV = "MEMPROF_OTEL_HTTP_TOKEN"  # the endpoint's own setting: one variable for both sides
+
+
 def add_endpoint_arguments(p: Any) -> None:
     """``--url`` and ``--token``, the same on every subcommand that talks to a running endpoint."""
     p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--token", default=None, help="bearer token, when the endpoint has one")
+    p.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
+                   help=f"bearer token, when the endpoint has one (default: ${TOKEN_ENV})")
 
 
 def endpoint_url(url: str) -> str:
@@ -42,18 +47,25 @@ def endpoint_url(url: str) -> str:
     return url.strip().rstrip("/")
 
 
+# the HTTP statuses that mean the command's input was wrong (exit 2, like argparse's own errors):
+# a bad or missing parameter, an unknown model, a token missing or wrong, a route that is not there
+_BAD_INPUT = {400, 401, 403, 404, 405, 413, 415}
+NOT_OURS = "no memprof-otel JSON error in the answer: is --url a memprof-otel endpoint?"
+
+
 def _server_error(body: bytes) -> str:
-    """The endpoint's ``{"error", "detail"}`` (or FastAPI's ``{"detail"}``) as one short phrase."""
+    """The endpoint's ``{"error", "detail"}`` (or FastAPI's ``{"detail"}``) as one short phrase,
+    in the CLI's words: the query parameter ``model=NAME`` is the option ``--model NAME`` here."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         text = body.decode("utf-8", "replace").strip()
-        return text[:200]
+        return text[:200] + ("; " if text else "") + NOT_OURS
     if isinstance(doc, dict):
         parts = [str(doc[k]) for k in ("error", "detail") if doc.get(k)]
         if parts:
-            return ": ".join(parts)
-    return json.dumps(doc)[:200]
+            return ": ".join(parts).replace("model=NAME", "--model NAME")
+    return json.dumps(doc)[:200] + "; " + NOT_OURS
 
 
 class Client:
@@ -96,7 +108,9 @@ class Client:
                 body = b""
             finally:
                 e.close()
-            raise CommandError(f"{method} {shown}: HTTP {e.code}: {_server_error(body)}") from None
+            hint = f" (pass --token, or set {TOKEN_ENV})" if e.code == 401 else ""
+            code = EXIT_USAGE if e.code in _BAD_INPUT else EXIT_FAILURE
+            raise CommandError(f"{method} {shown}: HTTP {e.code}: {_server_error(body)}{hint}", code) from None
         except urllib.error.URLError as e:
             reason = e.reason.strerror if isinstance(e.reason, OSError) and e.reason.strerror else e.reason
             if isinstance(e.reason, (TimeoutError, socket.timeout)):

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..units import format_bytes
+from ..units import format_bytes, format_metric_value
 from ._common import Client, CommandError, add_endpoint_arguments
 
 HELP = "live terminal view of a running endpoint (--once for a single frame)"
@@ -110,6 +110,14 @@ def _layer_lines(m: Series, status: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shown(alert: dict[str, Any], key: str) -> str:
+    """An alert's value or threshold in the unit of its metric, like every other figure here."""
+    v = alert.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return str(v)
+    return format_metric_value(str(alert.get("metric", "")), v)
+
+
 def _alert_lines(alerts: list[dict[str, Any]]) -> list[str]:
     active = [a for a in alerts if a.get("state") in ("pending", "firing")]
     if not active:
@@ -118,8 +126,8 @@ def _alert_lines(alerts: list[dict[str, Any]]) -> list[str]:
     for a in active:
         labels = ",".join(f"{k}={v}" for k, v in (a.get("labels") or {}).items())
         lines.append(f"  [{a.get('state', '?').upper()}] {a.get('rule')} ({a.get('severity')}): "
-                     f"{a.get('metric')}{'{' + labels + '}' if labels else ''} = {a.get('value')} "
-                     f"{a.get('op')} {a.get('threshold')}")
+                     f"{a.get('metric')}{'{' + labels + '}' if labels else ''} = {_shown(a, 'value')} "
+                     f"{a.get('op')} {_shown(a, 'threshold')}")
     return lines
 
 

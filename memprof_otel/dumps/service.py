@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from .._log import rate_limited
 from ..config import DumpsConfig
-from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, UnknownModel
+from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, ModelRequired, UnknownModel
 from .capture import Capture
 from .jobs import DumpJob, DumpJobs
 from .store import DumpInfo, DumpStore, default_dir
@@ -43,7 +43,7 @@ def pick_model(live: Mapping[str, Capturable], name: str | None) -> Capturable:
     if not live:
         raise UnknownModel("no model is instrumented in this process")
     if len(live) > 1:
-        raise UnknownModel(f"several models are instrumented ({', '.join(sorted(live))}); pass model=NAME")
+        raise ModelRequired(f"several models are instrumented ({', '.join(sorted(live))}); pass model=NAME")
     return next(iter(live.values()))
 
 

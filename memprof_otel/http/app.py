@@ -25,8 +25,7 @@ from .._log import rate_limited
 from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
-from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId,
-                     UnknownModel)
+from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.torch.instrumentation import live_instrumentations
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.heap_session import HeapProfiler
@@ -296,6 +295,8 @@ class Endpoint:
             resp = self._dispatch(req)
         except HttpError as e:
             resp = error_response(e.status, e.error, e.detail, e.headers)
+        except ModelRequired as e:  # a missing parameter: the caller's input, not an unknown name
+            resp = error_response(400, "bad_parameter", str(e))
         except UnknownModel as e:
             resp = error_response(404, "unknown_model", str(e))
         except Exception as e:  # our bug, not the caller's input: a 500 without a traceback
@@ -536,6 +537,8 @@ class Endpoint:
         model = _str_param(q, "model")
         try:
             job = self.rt.dump_service.submit(model, forwards, float(timeout or 30.0), reason="http")
+        except ModelRequired as e:
+            raise HttpError(400, "bad_parameter", str(e)) from None
         except UnknownModel as e:
             raise HttpError(404, "unknown_model", str(e)) from None
         except CaptureBusy as e:

@@ -8,6 +8,7 @@ import select
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -132,7 +133,37 @@ def test_version_and_usage_errors() -> None:
 
     assert cli("--version").stdout.strip() == f"memprof-otel {__version__}"
     proc = cli("no-such-command")
-    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    assert_one_line_error(proc, 2, "invalid choice", "see memprof-otel --help")  # no usage block
+    assert_one_line_error(cli("dump", "-o", "x.json"), 2, "required: --url", "see memprof-otel dump --help")
+    assert "usage:" in cli("dump", "--help").stdout  # usage only when asked for
+
+
+def test_the_token_comes_from_the_endpoints_own_variable(live: tuple[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    proc = cli("dump", "--url", live[0], "-o", str(out), env={"MEMPROF_OTEL_HTTP_TOKEN": TOKEN})
+    assert proc.returncode == 0, proc.stderr
+    assert out.exists()
+
+
+def test_a_url_that_is_not_a_memprof_endpoint_is_said_plainly(tmp_path: Path) -> None:
+    import http.server
+
+    class Empty404(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Empty404)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert_one_line_error(cli("advise", "--url", url), 2, "HTTP 404", "is --url a memprof-otel endpoint?")
+    finally:
+        srv.shutdown()
 
 
 @pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason=f"no installed console script at {CONSOLE_SCRIPT}")
@@ -249,13 +280,13 @@ def test_dump_downloads_a_valid_speedscope_file(live: tuple[str, Path], tmp_path
 def test_dump_with_a_wrong_token_is_one_line_exit_1(live: tuple[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "never.json"
     proc = cli("dump", "--url", live[0], "--token", "wrong", "-o", str(out))
-    assert_one_line_error(proc, 1, "401", "unauthorized")
+    assert_one_line_error(proc, 2, "401", "unauthorized", "pass --token, or set MEMPROF_OTEL_HTTP_TOKEN")
     assert not out.exists()
 
 
 def test_dump_of_an_unknown_model_names_it(live: tuple[str, Path], tmp_path: Path) -> None:
     proc = cli("dump", "--url", live[0], "--token", TOKEN, "--model", "nope", "-o", str(tmp_path / "x.json"))
-    assert_one_line_error(proc, 1, "404", "nope", "tinynet")
+    assert_one_line_error(proc, 2, "404", "nope", "tinynet")  # bad input: exit 2
 
 
 @pytest.mark.timeout(60)
@@ -333,8 +364,17 @@ def test_monitor_once_shows_memory_layers_alerts_and_sampler(live: tuple[str, Pa
     assert "\x1b[2J" not in out  # --once prints a plain frame
 
 
-def test_monitor_without_the_token_is_one_line_exit_1(live: tuple[str, Path]) -> None:
-    assert_one_line_error(cli("monitor", "--url", live[0], "--once"), 1, "401")
+def test_monitor_without_the_token_is_one_line_exit_2(live: tuple[str, Path]) -> None:
+    assert_one_line_error(cli("monitor", "--url", live[0], "--once"), 2, "401", "--token")
+
+
+def test_monitor_shows_alert_values_in_their_metrics_units() -> None:
+    from memprof_otel.cli.monitor import _alert_lines
+
+    [_, line] = _alert_lines([{"state": "firing", "rule": "rss", "severity": "warning", "op": ">",
+                               "metric": "memprof_process_resident_memory_bytes", "labels": {},
+                               "value": 333795328.0, "threshold": 10485760.0}])
+    assert line.endswith("memprof_process_resident_memory_bytes = 318.3 MiB > 10.0 MiB"), line
 
 
 def test_monitor_an_unreachable_url_is_one_line_exit_1() -> None:

@@ -68,8 +68,8 @@ def test_json_is_the_endpoints_document(url):
 
 
 @pytest.mark.parametrize("args,code,fragment", [
-    (["--model", "nope"], 1, "HTTP 404: unknown_model"),
-    (["--token", "wrong"], 1, "HTTP 401"),
+    (["--model", "nope"], 2, "HTTP 404: unknown_model"),
+    (["--token", "wrong"], 2, "HTTP 401"),
     (["--min-severity", "loud"], 2, "invalid choice"),
 ])
 def test_errors_are_one_line_with_the_usual_exit_codes(url, args, code, fragment):

