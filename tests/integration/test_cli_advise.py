@@ -21,6 +21,16 @@ pytestmark = pytest.mark.timeout(120)
 TOKEN = "adv1ce-token"
 
 
+# advice on this test process's own heap and history (glibc's free arenas, RSS growth over the
+# tests before): present or not depending on what ran earlier in the process, so left out of the
+# exact lists here (their rules are tested on crafted figures in tests/unit/advice)
+PROCESS_HISTORY = {"glibc-arena-free", "leak-suspect"}
+
+
+def model_ids(doc: dict) -> list[str]:
+    return [a["id"] for a in doc["advice"] if a["id"] not in PROCESS_HISTORY]
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
     return subprocess.run([sys.executable, "-m", "memprof_otel.cli", "advise", *args], capture_output=True,
@@ -63,8 +73,9 @@ def test_json_is_the_endpoints_document(url):
     proc = cli("--url", url, "--token", TOKEN, "--json", "--model", "net")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["model"] == "net" and [a["id"] for a in doc["advice"]] == ["layer-transient-peak"]
-    assert doc["advice"][0]["evidence"]["figures"]["layer_peak_increase_bytes"]["unit"] == "bytes"
+    assert doc["model"] == "net" and model_ids(doc) == ["layer-transient-peak"]
+    [a] = [a for a in doc["advice"] if a["id"] == "layer-transient-peak"]
+    assert a["evidence"]["figures"]["layer_peak_increase_bytes"]["unit"] == "bytes"
 
 
 @pytest.mark.parametrize("args,code,fragment", [

@@ -31,6 +31,16 @@ def net() -> Iterator[AttentionNet]:
     yield model
 
 
+# advice on this test process's own heap and history (glibc's free arenas, RSS growth over the
+# tests before): present or not depending on what ran earlier in the process, so left out of the
+# exact lists here (their rules are tested on crafted figures in tests/unit/advice)
+PROCESS_HISTORY = {"glibc-arena-free", "leak-suspect"}
+
+
+def model_ids(doc: dict) -> list[str]:
+    return [a["id"] for a in doc["advice"] if a["id"] not in PROCESS_HISTORY]
+
+
 def validator(client: httpx.Client) -> jsonschema.Draft202012Validator:
     spec = client.get("/openapi.json").json()
     return jsonschema.Draft202012Validator({**spec["components"]["schemas"]["AdviceReport"],
@@ -71,7 +81,7 @@ def test_a_dominating_attention_layer_is_named_with_the_figures_layers_shows(cli
 
 def test_model_and_min_severity_filter_and_bad_values_are_json_errors(client, net):
     scoped = client.get("/v1/advice", params={"model": "net"}).json()
-    assert scoped["model"] == "net" and [a["id"] for a in scoped["advice"]] == ["layer-transient-peak"]
+    assert scoped["model"] == "net" and model_ids(scoped) == ["layer-transient-peak"]
     assert client.get("/v1/advice", params={"min_severity": "critical"}).json()["advice"] == []
     assert client.get("/v1/advice", params={"min_severity": "warning"}).json()["advice"] != []
     detail = error_detail(client.get("/v1/advice", params={"model": "nope"}), 404, "unknown_model")
