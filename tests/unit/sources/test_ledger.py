@@ -48,7 +48,13 @@ def test_a_new_storage_carrying_the_id_of_one_whose_death_is_queued_is_a_birth()
     key = id(old.untyped_storage())
     del old
     assert len(ledger._dead) == 1 and key in ledger._live  # the dead storage's id is still known
-    assert id(new.untyped_storage()) == key
+    st_new = new.untyped_storage()  # held: its id stays its own
+    if id(st_new) != key:
+        # CPython reuses the freed object's memory most of the time, not always (a lone-clone run
+        # missed it): give the queued death the new storage's id, the collision the test is about
+        ref = ledger._live.pop(key)
+        ref.key = id(st_new)
+        ledger._live[ref.key] = ref
     ledger.observe_output(None, new, True)
     r = ledger.reading()
     assert (r.allocated, r.peak, r.allocations, r.frees) == (10 * F32, 1000 * F32, 2, 1)
