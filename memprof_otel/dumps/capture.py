@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from .._version import __version__
+from ..errors import MemprofError
 from ..files import write_json_atomic
 from .speedscope import balanced_calls, build_speedscope
 
@@ -35,6 +36,7 @@ class Capture:
         self.allocations: list[tuple[tuple[str, ...], int]] = []
         self.calls: list[tuple[str, str, float]] = []
         self.cancelled = False
+        self.failed: str | None = None  # why it ended before its forwards (uninstrumented, ...)
         self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
         self.cuda_snapshot: dict[str, Any] | None = None
 
@@ -44,12 +46,16 @@ class Capture:
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """True once the N forwards are captured; False if ``timeout`` passed first."""
+        """True once it is over: the N forwards captured, or ended early (``failed`` says why);
+        False if ``timeout`` passed first. (``CaptureTimeout`` is the dump service's error, for
+        ``POST /v1/dumps`` and ``memprof-otel dump``, which wait for you.)"""
         return self._done.wait(timeout)
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str | None = None) -> None:
         with self._lock:
             self.cancelled = True
+            if reason is not None and self.failed is None:
+                self.failed = reason
         self._stop_history()
         self._done.set()
 
@@ -59,6 +65,12 @@ class Capture:
             self.cuda_snapshot = history.stop()
 
     def speedscope(self) -> dict[str, Any]:
+        """The captured forwards as a speedscope document; ``MemprofError`` before the first one
+        completed (an empty profile would look like a model that allocates nothing)."""
+        if self.completed == 0:
+            why = (f": {self.failed}" if self.failed else
+                   " yet: run a forward of the model (wait() returns once the forwards are in)")
+            raise MemprofError(f"no forward of {self.model_name!r} was captured{why}")
         with self._lock:
             allocations = list(self.allocations)
             calls = balanced_calls(self.calls)

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from .._log import rate_limited
 from ..config import DumpsConfig
-from ..errors import CaptureBusy, CaptureTimeout, ExportError, MemprofError, ModelRequired, UnknownModel
+from ..errors import (CaptureBusy, CaptureTimeout, ExportError, InstrumentationError, MemprofError,
+                      ModelRequired, UnknownModel)
 from .capture import Capture
 from .jobs import DumpJob, DumpJobs
 from .store import DumpInfo, DumpStore, default_dir
@@ -140,6 +141,8 @@ class DumpService:
             self._count("speedscope", "timeout")
             raise CaptureTimeout(f"no forward of {h.name!r} completed within {timeout:g} s "
                                  f"({cap.completed}/{forwards} captured)")
+        if cap.failed is not None and cap.completed == 0:
+            raise InstrumentationError(f"{h.name!r}: {cap.failed}")
         return self.store_capture(h.name, cap, reason)
 
     def store_capture(self, model: str, cap: Capture, reason: str) -> DumpInfo:

@@ -268,6 +268,9 @@ class Instrumentation:
             return
         self._closed = True
         self._detach()
+        cap = self._capture
+        if cap is not None and not cap.done:  # it would wait for ever: its forwards can no longer come
+            cap.cancel("the model was uninstrumented before its forwards were captured")
         self._release_open_forwards()
         self._notify(lambda obs: obs.uninstrumented(self))
         model = self._model_ref()
