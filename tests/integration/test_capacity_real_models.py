@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
+from memprof_otel.capacity.budget_reader import BudgetReader
 
 from .reference_ledger import ReferenceLedger
 
@@ -132,19 +133,22 @@ def test_max_safe_batch_against_a_real_run_under_a_configured_limit() -> None:
     h.pause()
     peak10 = reference_root_peak(model, lambda: model(ids(10, seq)))
     peak11 = reference_root_peak(model, lambda: model(ids(11, seq)))
-    rss = _rss()
-    limit = rss + (peak10 + peak11) // 2
-    h.capacity.budgets.limit_bytes = limit
-    doc = h.headroom()
+    for _ in range(5):
+        limit = _rss() + (peak10 + peak11) // 2
+        # one reading of the budget for every answer below (the shipped cache lives 0.25 s)
+        h.capacity.budgets = BudgetReader(0.0, 0, ttl_s=60.0, limit_bytes=limit)
+        doc = h.headroom()
+        in_use = doc["budget"]["in_use_bytes"]
+        if in_use + peak10 <= limit < in_use + peak11:
+            break  # the RSS the library read is within half a batch step of ours
+    else:  # glibc gives memory back in chunks of tens of MiB: RSS can move between two reads
+        pytest.fail("the process's RSS moved by more than half a batch step between two reads, 5 times")
     assert doc["budget"]["limit"] == "configured" and doc["budget"]["limit_bytes"] == limit
-    # the RSS the library read may differ from ours by what the interpreter did in between
-    assert abs(doc["budget"]["in_use_bytes"] - rss) < (peak11 - peak10) // 4
     assert doc["max_safe_batch"][str(seq)] == 10
     assert h.fits(batch=10, seq_len=seq) and not h.fits(batch=11, seq_len=seq)
     # the real runs, measured by the reference, against the memory the answer was given for (the
     # RSS at the moment of the decision: the process's RSS moves by tens of MiB as glibc gives
     # memory back, which is why the answer is read again before each request)
-    in_use = doc["budget"]["in_use_bytes"]
     for b, below in ((10, True), (11, False)):
         measured = reference_root_peak(model, lambda: model(ids(b, seq)))
         assert (in_use + measured <= limit) is below, (b, in_use, measured, limit)
