@@ -483,33 +483,31 @@ class Runtime:
         return self.tracker
 
     # ---- advice ----------------------------------------------------------------------------
-    def capacity_facts(self) -> list[CapacityFacts]:
+    def capacity_facts(self, views: list[LayerView] | None = None) -> list[CapacityFacts]:
         """Per model and device: the memory it may use, what is in use, the peak predicted for the
         largest recent request and the largest safe batch per sequence length. The capacity model
         fills it: a model that cannot answer yet (too few shapes, no limit known) has none, and the
-        near-limit advice stays silent about it."""
+        near-limit advice stays silent about it. ``views``: the layer views a scrape already took
+        (their figures, not computed again)."""
+        views = self.layer_views() if views is None else views
         out = []
-        for name, h in sorted(live_instrumentations().items()):
-            if h.capacity is None:
+        for v in views:
+            f = v.capacity
+            if f is None or f.budget is None or f.headroom is None or f.predicted_peak is None:
                 continue
-            f = h.capacity.figures(h.last_device)
-            if f.budget is None or f.headroom is None or f.predicted_peak is None:
-                continue
-            out.append(CapacityFacts(name, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
+            out.append(CapacityFacts(v.model, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
                                      int(f.predicted_peak), int(f.headroom), dict(f.max_safe_batch)))
         return out
 
-    def advice_evidence(self) -> Evidence:
+    def advice_evidence(self, views: list[LayerView] | None = None) -> Evidence:
         """What the advice rules read, taken now: the latest sample's allocator figures, every live
         model's windowed layer peaks, the leak watch's suspects, capacity facts and OOM counts.
-        Reads what was already measured; starts nothing and touches no device."""
+        Reads what was already measured; starts nothing and touches no device. ``views``: the
+        layer views a scrape already took."""
         latest = self.sampler.latest() if self.sampler is not None else None
-        live = live_instrumentations()
-        models = []
-        for name, h in sorted(live.items()):
-            peaks = h.exported_layer_peaks()
-            if peaks:  # no attributed forward yet: nothing to cite
-                models.append(ModelLayers(name, h.last_device, {k: f.peak_increase for k, f in peaks.items()}))
+        views = self.layer_views() if views is None else views
+        models = [ModelLayers(v.model, v.device, {k: f.peak_increase for k, f in v.peaks.items()})
+                  for v in views if v.peaks]  # no attributed forward yet: nothing to cite
         watch = self.leaks
         watching = watch is not None and watch.cfg.enabled and self.running
         suspects = [LeakSuspect(s["source"], s["model"], s["layer"], s["device"],
@@ -517,8 +515,8 @@ class Runtime:
                                 float(s["trend"]["window_seconds"]), s["last_bytes"])
                     for s in (watch.report(1)["suspects"] if watching and watch is not None else [])]
         return Evidence(sampled=latest is not None, allocators=dict(latest.allocators) if latest is not None else {},
-                        models=tuple(models), instrumented=tuple(sorted(live)), leak_watch=watching,
-                        leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts()),
+                        models=tuple(models), instrumented=tuple(sorted(v.model for v in views)), leak_watch=watching,
+                        leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts(views)),
                         extra_ooms=dict(self.extra_ooms))
 
     def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport:
@@ -570,7 +568,8 @@ class Runtime:
         if latest is not None and any(d.startswith("cuda:") for d in latest.allocators):
             # UUIDs are read once torch has initialised CUDA (never earlier), then cached
             me.cuda_uuids = registry.cuda_uuids()
-        out = build_series(latest, self.layer_views() if views is None else views, me, per_layer)
+        views = self.layer_views() if views is None else views
+        out = build_series(latest, views, me, per_layer)
         if self.watchdog is not None:
             for name, rows in self.watchdog.series().items():
                 out.setdefault(name, []).extend(rows)
@@ -580,7 +579,7 @@ class Runtime:
         for op, f in sorted(self.op_stats.snapshot().items()):
             out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))
         try:  # the advice rules over what was just measured: a rule that fails never costs the scrape
-            levels = severity_by_id(advise(self.advice_evidence()))
+            levels = severity_by_id(advise(self.advice_evidence(views)))
         except Exception as e:
             rate_limited.warning("advice-series", "memprof_otel: the advice rules failed (%r); "
                                  "memprof_advice_severity left out of this scrape", e)

@@ -453,7 +453,8 @@ class Instrumentation:
                 tls.shape = None
                 if (tls.state is None and not path and self.capacity is not None
                         and self.config.capacity.root_readings):
-                    self._begin_root_reading(module, t)
+                    # a forward left plain, read at its root only, for the memory model
+                    self._begin_compiled(module, "", t, root_only=True)
                 if tls.state is not None and not path and self.capacity is not None:
                     tls.shape = self._shape(args, kwargs)
         except Exception as e:
@@ -717,7 +718,7 @@ class Instrumentation:
             ledger.device_label = str(device)
         return ledger
 
-    def _begin_compiled(self, module: nn.Module, path: str, t: float) -> None:
+    def _begin_compiled(self, module: nn.Module, path: str, t: float, root_only: bool = False) -> None:
         """A forward that runs compiled code: root-level figures only.
 
         No global hooks (module hooks do not run inside a compiled region) and no ledger (inductor
@@ -726,8 +727,14 @@ class Instrumentation:
         On CPU the host heap's in-use bytes are read at entry and exit: approximate. With
         ``cuda.reset_peak_stats: false`` the CUDA register is only watched (``CudaPeakWatch``):
         a peak above every earlier one is exact, others read as the level (a lower bound).
+
+        ``root_only``: the same reading of a forward the scheduler left plain, for the memory model
+        (``capacity.root_readings``), CUDA only: on CPU a root figure needs the ledger, which is what
+        an attributed forward costs.
         """
         device = self._device_of(module)
+        if root_only and device.type != "cuda":
+            return
         self.last_device = str(device)
         counter: Any = None
         if device.type == "cuda":
@@ -740,28 +747,9 @@ class Instrumentation:
         if counter is None:
             return
         state = ForwardState(self._paths, id(module), path, counter, self._origin_s, 0,
-                             self._count_error, record_events=self._events.maxlen != 0)
+                             self._count_error, record_events=not root_only and self._events.maxlen != 0)
+        state.root_only = root_only
         _share_counter(state, device.type == "cuda")
-        self._tls.state = state
-        state.begin(t)
-
-    def _begin_root_reading(self, module: nn.Module, t: float) -> None:
-        """A forward the scheduler left plain, read at its root only, for the memory model: on
-        CUDA one peak-register reset at entry and one allocator read at exit, no module hook, no
-        ledger. Not on CPU, where a root figure needs the ledger (the attributed forward's cost)."""
-        device = self._device_of(module)
-        if device.type != "cuda":
-            return
-        self.last_device = str(device)
-        counter: Any = registry.cuda_allocator(device.index or 0)
-        if counter is None:
-            return
-        if not self.config.cuda.reset_peak_stats:
-            counter = CudaPeakWatch(counter)  # the host application's register is left alone
-        state = ForwardState(self._paths, id(module), "", counter, self._origin_s, 0, self._count_error,
-                             record_events=False)
-        state.root_only = True
-        _share_counter(state, True)
         self._tls.state = state
         state.begin(t)
 
