@@ -1,29 +1,63 @@
 """memprof_otel: always-on per-layer PyTorch memory telemetry for Prometheus and OpenTelemetry.
 
-Importing has no side effects: no thread, no hook, no registry write until you call us.
+Importing has no side effects: no thread, no hook, no registry write until you call us. It is also
+cheap: the public names below are loaded on first use (PEP 562), so ``import memprof_otel`` and the
+``memprof-otel`` command's HTTP subcommands never import torch, the OpenTelemetry SDK or matplotlib
+(a command that only speaks HTTP starts in a tenth of a second, not in four).
 """
 from __future__ import annotations
 
-from ._version import __version__
-from .api import (add_alert_callback, asgi_app, end_phase, instrument, mark_operation, operation, plot,
-                  remove_alert_callback, report, serve, shutdown, start_monitoring, stop_monitoring, timeline,
-                  wsgi_app)
-from .attribution.stats import LayerMemoryStats
-from .attribution.torch.instrumentation import Instrumentation
-from .config import Config, load_config
-from .dumps.capture import Capture
-from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,
-                     InstrumentationError, InvalidDumpId, MemprofError, ModelRequired, ServeError, SourceUnavailable,
-                     UnknownModel)
-from .http.server import Server
-from .telemetry.operations import current_operation
-from .timeline import OperationRecord, Sample, Timeline
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = sorted([
-    "AlreadyInstrumented", "Capture", "CaptureBusy", "CaptureTimeout", "Config", "ConfigError", "DumpNotFound",
-    "ExportError", "Instrumentation", "Server", "InstrumentationError", "InvalidDumpId", "LayerMemoryStats", "MemprofError",
-    "ModelRequired", "OperationRecord", "Sample", "ServeError", "SourceUnavailable", "Timeline", "UnknownModel", "__version__",
-    "add_alert_callback", "current_operation", "end_phase", "instrument", "load_config", "mark_operation",
-    "operation", "plot", "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring",
-    "timeline", "wsgi_app", "asgi_app",
-])
+from ._version import __version__
+
+# public name -> the module that defines it (relative to this package)
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("add_alert_callback", "asgi_app", "end_phase", "instrument", "mark_operation", "operation", "plot",
+         "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring", "timeline",
+         "wsgi_app"), ".api"),
+    "LayerMemoryStats": ".attribution.stats",
+    "Instrumentation": ".attribution.torch.instrumentation",
+    "Config": ".config", "load_config": ".config",
+    "Capture": ".dumps.capture",
+    **dict.fromkeys(
+        ("AlreadyInstrumented", "CaptureBusy", "CaptureTimeout", "ConfigError", "DumpNotFound", "ExportError",
+         "InstrumentationError", "InvalidDumpId", "MemprofError", "ModelRequired", "ServeError",
+         "SourceUnavailable", "UnknownModel"), ".errors"),
+    "Server": ".http.server",
+    "current_operation": ".telemetry.operations",
+    **dict.fromkeys(("OperationRecord", "Sample", "Timeline"), ".timeline"),
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported eagerly
+    from .api import (add_alert_callback, asgi_app, end_phase, instrument, mark_operation, operation, plot,
+                      remove_alert_callback, report, serve, shutdown, start_monitoring, stop_monitoring, timeline,
+                      wsgi_app)
+    from .attribution.stats import LayerMemoryStats
+    from .attribution.torch.instrumentation import Instrumentation
+    from .config import Config, load_config
+    from .dumps.capture import Capture
+    from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,
+                         InstrumentationError, InvalidDumpId, MemprofError, ModelRequired, ServeError,
+                         SourceUnavailable, UnknownModel)
+    from .http.server import Server
+    from .telemetry.operations import current_operation
+    from .timeline import OperationRecord, Sample, Timeline

@@ -17,18 +17,19 @@ from ..errors import ConfigError, MemprofError
 from ._common import EXIT_FAILURE, EXIT_USAGE, CommandError
 
 PROG = "memprof-otel"
-# subcommand -> module in this package (imported when the parser is built; each imports its heavy
-# dependencies only inside run())
-COMMANDS = {
-    "info": "info",
-    "check-config": "check_config",
-    "dump": "dump",
-    "heap": "heap",
-    "analyze": "analyze",
-    "monitor": "monitor",
-    "advise": "advise",
-    "demo": "demo",
-    "headroom": "headroom",
+# subcommand -> (module in this package, one-line help). Only the module of the subcommand being run
+# is imported (``memprof-otel dump`` never loads the config parser, NVML or the advice rules), so the
+# help lines live here rather than in the modules.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("info", "system, torch, devices, NVML and allocator facts (what memprof-otel can measure here)"),
+    "check-config": ("check_config", "validate a config file (unknown keys, bad values and units, bad watchdog rules)"),
+    "dump": ("dump", "trigger a deep capture on a running endpoint and download it (speedscope JSON)"),
+    "heap": ("heap", "trace a running endpoint's Python heap for N seconds and print the top growing allocation sites"),
+    "analyze": ("analyze", "report (and plot) a timeline JSON from export_timeline() or GET /v1/timeline"),
+    "monitor": ("monitor", "live terminal view of a running endpoint (--once for a single frame)"),
+    "advise": ("advise", "advice over what a running endpoint measured, each citing its figures (--fail-on for CI)"),
+    "demo": ("demo", "run the instrumented example inference server with synthetic traffic"),
+    "headroom": ("headroom", "how much more fits: max safe batch per sequence length, or one shape's predicted peak"),
 }
 
 
@@ -41,19 +42,32 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``only``, that subcommand's arguments alone (the others are listed by
+    name and help, their modules left unimported: what ``main`` uses to start fast)."""
     parser = _Parser(
         prog=PROG, description="Per-layer PyTorch memory telemetry for Prometheus and OpenTelemetry.",
         epilog="Set MEMPROF_OTEL_DEBUG=1 to get a traceback instead of a one-line error.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module_name in COMMANDS.items():
+    for name, (module_name, help_line) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_line)
+            continue
         module = importlib.import_module(f"{__name__}.{module_name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.__doc__.strip().splitlines()[0],
+        p = sub.add_parser(name, help=help_line, description=module.__doc__.strip().splitlines()[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option), if it is one of ours."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def _one_line(text: str) -> str:
@@ -67,7 +81,8 @@ def _fail(message: str, code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (the console script passes it to ``sys.exit``)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(only=_command_in(argv) or "")  # "": no subcommand module at all
     try:
         args = parser.parse_args(argv)
     except _UsageError as e:

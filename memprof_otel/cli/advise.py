@@ -17,7 +17,6 @@ from ..advice import SEVERITIES, severity_rank
 from ..units import format_bytes
 from ._common import EXIT_ADVICE, Client, CommandError, add_endpoint_arguments
 
-HELP = "advice over what a running endpoint measured, each citing its figures (--fail-on for CI)"
 WIDTH = 100
 
 

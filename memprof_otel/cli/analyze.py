@@ -18,7 +18,6 @@ from ..timeline import OperationRecord, Sample, Timeline
 from ..units import format_bytes
 from ._common import EXIT_USAGE, CommandError
 
-HELP = "report (and plot) a timeline JSON from export_timeline() or GET /v1/timeline"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,6 @@ from ..config import Config, load_config, service_name_in_effect
 from ..dumps.store import default_dir
 from ..units import format_bytes
 
-HELP = "validate a config file (unknown keys, bad values and units, bad watchdog rules)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

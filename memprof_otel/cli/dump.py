@@ -17,7 +17,6 @@ from typing import Any
 from ..files import write_bytes_atomic
 from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
 
-HELP = "trigger a deep capture on a running endpoint and download it (speedscope JSON)"
 STORE_MARGIN_S = 30.0  # beyond --timeout: building and storing the file once the forwards are in
 POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common proxy timeouts
 

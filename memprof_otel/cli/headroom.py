@@ -14,7 +14,6 @@ from typing import Any
 from ..units import format_bytes
 from ._common import Client, add_endpoint_arguments
 
-HELP = "how much more fits: max safe batch per sequence length, or one shape's predicted peak"
 EXIT_WOULD_NOT_FIT = 3
 
 

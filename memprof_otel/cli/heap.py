@@ -16,7 +16,6 @@ from ..http.guards import HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP
 from ..units import format_bytes
 from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
 
-HELP = "trace a running endpoint's Python heap for N seconds and print the top growing allocation sites"
 ANSWER_MARGIN_S = 60.0  # after the traced seconds: two snapshots, the diff and the stored file
 
 

@@ -20,7 +20,6 @@ from ..sources.nvml import NvmlSource, NvmlUnavailable
 from ..sources.process import cgroup_memory_limit
 from ..units import format_bytes
 
-HELP = "system, torch, devices, NVML and allocator facts (what memprof-otel can measure here)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,7 +16,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..units import format_bytes, format_metric_value
 from ._common import Client, CommandError, add_endpoint_arguments
 
-HELP = "live terminal view of a running endpoint (--once for a single frame)"
 CLEAR = "\x1b[H\x1b[2J"
 TOP_LAYERS = 10
 

@@ -30,10 +30,6 @@ from .app import Endpoint, EndpointServices, Request, Response, dumps, error_res
 from .connection_errors import connection_failed
 from .workers import warn_if_round_robin
 
-_REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
-            403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 409: "Conflict",
-            413: "Payload Too Large", 415: "Unsupported Media Type", 500: "Internal Server Error",
-            503: "Service Unavailable", 504: "Gateway Timeout", 507: "Insufficient Storage"}
 SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
 # environ key: the socket error that cut a request body short. The request is still answered (400);
 # our server counts the failure once the answer is out, a host server of a mounted app ignores it.
@@ -41,7 +37,11 @@ BODY_ERROR_KEY = "memprof_otel.body_error"
 
 
 def _status_line(code: int) -> str:
-    return f"{code} {_REASONS.get(code, 'Status')}"
+    """``"202 Accepted"``: the standard reason phrase for every status the endpoint may send."""
+    try:
+        return f"{code} {HTTPStatus(code).phrase}"
+    except ValueError:  # not a registered status: the code alone is valid HTTP
+        return f"{code} "
 
 
 def _too_large(limit: int) -> Response:

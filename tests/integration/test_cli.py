@@ -176,6 +176,68 @@ def test_installed_console_script_runs(tmp_path: Path) -> None:
     assert_one_line_error(cli("check-config", str(tmp_path / "nope.yaml"), exe=[str(CONSOLE_SCRIPT)]), 2, "nope.yaml")
 
 
+# ---------------------------------------------------------------- start-up: what each subcommand imports
+
+# Runs the CLI's main() in a fresh interpreter, then writes which heavy top-level packages it loaded.
+IMPORTS_PROBE = textwrap.dedent('''
+    import json, sys
+    from memprof_otel.cli import main
+    out, argv = sys.argv[1], sys.argv[2:]
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    heavy = {"torch", "opentelemetry", "matplotlib", "numpy", "fastapi", "starlette", "pynvml", "yaml"}
+    loaded = sorted({m.split(".")[0] for m in sys.modules} & heavy)
+    open(out, "w").write(json.dumps({"code": code, "loaded": loaded}))
+''')
+
+
+def _imports_of(tmp_path: Path, *argv: str) -> tuple[int, list[str]]:
+    script, out = tmp_path / "probe.py", tmp_path / "probe.json"
+    script.write_text(IMPORTS_PROBE)
+    proc = subprocess.run([sys.executable, str(script), str(out), *argv], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={k: v for k, v in os.environ.items()
+                                                      if not k.startswith("MEMPROF_OTEL_")})
+    assert out.exists(), proc.stderr
+    doc = json.loads(out.read_text())
+    return doc["code"], doc["loaded"]
+
+
+def test_http_and_file_subcommands_import_no_torch_otel_or_matplotlib(live: tuple[str, Path],
+                                                                      tmp_path: Path) -> None:
+    # GIVEN a real endpoint and the files a user feeds the CLI
+    url, timeline = live
+    config = tmp_path / "memprof.yaml"
+    config.write_text("sampler:\n  interval: 2s\n")
+    runs = {
+        "--version": ["--version"],
+        "dump": ["dump", "--url", url, "--token", TOKEN, "-o", str(tmp_path / "d.json")],
+        "heap": ["heap", "--url", url, "--token", TOKEN, "--seconds", "1"],
+        "monitor": ["monitor", "--url", url, "--token", TOKEN, "--once"],
+        "advise": ["advise", "--url", url, "--token", TOKEN],
+        "headroom": ["headroom", "--url", url, "--token", TOKEN],
+        "analyze": ["analyze", str(timeline)],
+    }
+    for name, argv in runs.items():
+        # WHEN the subcommand does its whole job
+        code, loaded = _imports_of(tmp_path, *argv)
+        # THEN it worked without loading torch, the OTel SDK, matplotlib or numpy (what made every
+        # command take 3-5 s to start)
+        assert code in (0, 3), (name, code)  # headroom/advise exit 3 when their finding says so
+        assert not {"torch", "opentelemetry", "matplotlib", "numpy"} & set(loaded), (name, loaded)
+    # check-config needs YAML, and nothing heavier
+    code, loaded = _imports_of(tmp_path, "check-config", str(config))
+    assert code == 0 and loaded == ["yaml"], loaded
+
+
+def test_analyze_loads_matplotlib_only_when_a_png_is_asked_for(live: tuple[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    code, loaded = _imports_of(tmp_path, "analyze", str(live[1]), "--png", str(tmp_path / "t.png"))
+    assert code == 0 and (tmp_path / "t.png").read_bytes().startswith(PNG_MAGIC)
+    assert "matplotlib" in loaded and "torch" not in loaded, loaded
+
+
 # ---------------------------------------------------------------- check-config
 
 GOOD_CONFIG = """\

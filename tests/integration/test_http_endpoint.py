@@ -253,6 +253,7 @@ def test_post_dump_answers_202_at_once_then_the_poll_turns_complete(client, tree
     # THEN the answer comes at once, 202 with the request and where to poll it
     assert time.monotonic() - t0 < 2
     assert r.status_code == 202, r.text
+    assert r.reason_phrase == "Accepted"  # the status line's standard phrase, not a made-up one
     job = r.json()
     job_schema.validate(job)
     assert re.fullmatch(r"job-[0-9a-f]{16}", job["id"])
