@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from torch import nn
 
+from ._callouts import calls_application
 from .attribution.torch.instrumentation import Instrumentation, attach
 from .config import Config
 from .errors import MemprofError
@@ -187,6 +188,7 @@ class operation:
     async def __aexit__(self, et: Any, exc: BaseException | None, tb: Any) -> None:
         self.__exit__(et, exc, tb)
 
+    @calls_application
     def __call__(self, fn: F) -> F:
         name, attrs = self.name, self.attributes
         if asyncio.iscoroutinefunction(fn):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
+from .._callouts import calls_application
 from ..config import CapacityConfig
 from .budget import Budget, CapacityFigures
 from .budget_reader import BudgetReader
@@ -12,6 +13,12 @@ from .model import MemoryModel, Prediction
 from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
 
 TABLE_ROWS = 8  # sequence lengths in the max-safe-batch table when none are configured
+
+
+
+@calls_application
+def _call_shape_of(shape_of: ShapeOf, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    return shape_of(args, kwargs)
 
 
 class Capacity:
@@ -31,7 +38,7 @@ class Capacity:
         """The forward's shape, or None (no tensor, or a ``shape_of`` that failed: counted)."""
         if self._shape_of is None:
             return default_shape_of(args, kwargs) or None
-        return checked(self._shape_of(args, kwargs)) or None
+        return checked(_call_shape_of(self._shape_of, args, kwargs)) or None
 
     def observe(self, features: Features, peak_increase: int, retained: int) -> None:
         self.model.observe(features, peak_increase, retained)

@@ -5,14 +5,18 @@ never start, stop or snapshot tracing themselves; ``heap_session.py`` does that.
 distinct traceback (``compare_to(..., "traceback")``); its allocating frame is the traceback's most
 recent one, shown as ``file:line``.
 
-Allocations whose allocating frame is in tracemalloc itself (the first snapshot's own lists), in the
-import machinery or in the excluded paths (memprof-otel's package: its own buffers) are left out,
-so the top of the list is the application's growth.
+Allocations whose allocating frame is in tracemalloc itself (the first snapshot's own lists) or in
+the import machinery are left out, and so are memprof-otel's own (``OwnCode``): walking a traceback
+from the allocating frame to older ones, past the standard library, installed packages and generated code (``<string>``), the first
+frame met is ours — its sampler thread waiting on an ``Event``, the OTel SDK building its span, its
+buffers — unless that frame is one of ours that calls the application (an ``operation`` decorator's
+wrapper, a user's callback): then what it allocated below is the application's. A traceback of
+library frames alone, cut by the frame limit, cannot be told apart and is kept.
 """
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,10 +77,32 @@ class HeapDiff:
                 "sites_grown": self.sites_grown, "sites": [s.to_dict() for s in self.sites]}
 
 
-def exclusion_filters(paths: Iterable[str] = ()) -> list[tracemalloc.Filter]:
-    """Filters that drop traces whose allocating frame is in tracemalloc, the import machinery or
-    one of ``paths`` (fnmatch patterns: ``/site/memprof_otel/*``)."""
-    return [tracemalloc.Filter(False, p) for p in (*_ALWAYS_EXCLUDED, *paths)]
+@dataclass(frozen=True)
+class OwnCode:
+    """Where memprof-otel's code is, where libraries are, and which of our lines call the application.
+
+    ``package`` and ``libraries``: path prefixes (ending in the path separator); ours is checked
+    first, as an installed memprof-otel lies inside site-packages. ``callouts``: ``(file, line)``."""
+
+    package: tuple[str, ...]
+    libraries: tuple[str, ...]
+    callouts: frozenset[tuple[str, int]] = frozenset()
+
+    def owns(self, traceback: Sequence[tuple[str, int]]) -> bool:
+        """True when the allocation of ``traceback`` (oldest frame first) is memprof-otel's own."""
+        for i, (file, line) in enumerate(reversed(traceback)):
+            if file.startswith(self.package):
+                return i == 0 or (file, line) not in self.callouts
+            # "<string>", "<frozen ...>": code made at run time (a dataclass's __init__, exec) or
+            # frozen in the interpreter; like a library frame, it tells nothing of whose it is
+            if not (file.startswith(self.libraries) or file.startswith("<")):
+                return False  # the application's frame
+        return False  # library frames only: whose they are was cut off, keep them
+
+
+def exclusion_filters() -> list[tracemalloc.Filter]:
+    """Filters that drop traces whose allocating frame is in tracemalloc or the import machinery."""
+    return [tracemalloc.Filter(False, p) for p in _ALWAYS_EXCLUDED]
 
 
 def _site(d: tracemalloc.StatisticDiff, limit: int) -> HeapSite:
@@ -86,21 +112,25 @@ def _site(d: tracemalloc.StatisticDiff, limit: int) -> HeapSite:
 
 
 def diff_snapshots(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, *, top: int,
-                   exclude: Sequence[str] = ()) -> HeapDiff:
+                   own: OwnCode | None = None) -> HeapDiff:
     """The ``top`` tracebacks whose live size grew most from ``before`` to ``after`` (both taken
-    with the same traceback limit), after dropping the excluded allocating frames."""
+    with the same traceback limit), after dropping tracemalloc's and the import machinery's
+    allocations and, given ``own``, memprof-otel's."""
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
-    filters = exclusion_filters(exclude)
+    filters = exclusion_filters()
     before, after = before.filter_traces(filters), after.filter_traces(filters)
+    # one entry per traceback found in either snapshot (size 0 in `after` when all of it was freed)
     diffs = after.compare_to(before, "traceback")
+    if own is not None:
+        diffs = [d for d in diffs if not own.owns([(f.filename, f.lineno) for f in d.traceback])]
     grown = sorted((d for d in diffs if d.size_diff > 0), key=lambda d: (-d.size_diff, -d.count_diff))
     growing = tuple(_site(d, after.traceback_limit) for d in grown[:MAX_SPEEDSCOPE_SITES])
     return HeapDiff(
         sites=growing[:top], growing=growing,
         growth_bytes=sum(d.size_diff for d in grown), net_bytes=sum(d.size_diff for d in diffs),
-        traced_bytes_before=sum(t.size for t in before.traces),
-        traced_bytes_after=sum(t.size for t in after.traces), sites_grown=len(grown))
+        traced_bytes_before=sum(d.size - d.size_diff for d in diffs),
+        traced_bytes_after=sum(d.size for d in diffs), sites_grown=len(grown))
 
 
 def heap_speedscope(diff: HeapDiff, name: str) -> dict[str, Any]:

@@ -13,16 +13,19 @@ tracing stops then too, and the caller still gets the diff of the time that pass
 from __future__ import annotations
 
 import os
+import site
+import sysconfig
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._callouts import callout_lines
 from .._log import rate_limited
 from ..errors import CaptureBusy, ExportError
-from .heap_diff import HeapDiff, diff_snapshots, heap_speedscope
+from .heap_diff import HeapDiff, OwnCode, diff_snapshots, heap_speedscope
 from .store import DumpInfo, DumpStore
 
 FORMAT = "heap"         # the dump kind of the stored file and the `format` label of memprof_dumps_total
@@ -30,9 +33,25 @@ MAX_SECONDS = 3600.0    # the library's own bound; the HTTP route allows less (g
 MAX_FRAMES = 1000       # tracemalloc takes up to 65535; more frames cost more on every allocation
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the allocating frames left out: memprof-otel's own (its sampler buffer fills while a session runs)
-OWN_PATHS: tuple[str, ...] = tuple(sorted({os.path.join(d, "*") for d in (_PACKAGE_DIR,
-                                                                          os.path.realpath(_PACKAGE_DIR))}))
+
+
+def _prefixes(dirs: Iterable[str]) -> tuple[str, ...]:
+    out = set()
+    for d in dirs:
+        if d:
+            out.update(os.path.join(p, "") for p in (os.path.abspath(d), os.path.realpath(d)))
+    return tuple(sorted(out))
+
+
+def own_code() -> OwnCode:
+    """This process's ``OwnCode``: our package's folder, the standard library's and the installed
+    packages' folders, and the lines of ours that call the application (read now: a callout
+    defined since the last session counts)."""
+    paths = sysconfig.get_paths()
+    libraries = [paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    if hasattr(site, "getsitepackages"):  # absent in some embedded and old virtualenv interpreters
+        libraries += [*site.getsitepackages(), site.getusersitepackages()]
+    return OwnCode(_prefixes([_PACKAGE_DIR]), _prefixes(libraries), callout_lines())
 
 
 @dataclass(frozen=True)
@@ -56,13 +75,14 @@ class HeapResult:
 
 class HeapProfiler:
     """``store()``: the dump store in force; ``count_dump(format, result)``: the dumps counter;
-    ``exclude``: fnmatch patterns of allocating frames to leave out (memprof-otel's own by default)."""
+    ``own``: what counts as memprof-otel's own allocation, left out (``own_code()`` by default; None
+    keeps everything)."""
 
     def __init__(self, store: Callable[[], DumpStore], count_dump: Callable[[str, str], None],
-                 exclude: Sequence[str] = OWN_PATHS) -> None:
+                 own: Callable[[], OwnCode | None] = own_code) -> None:
         self._store = store
         self._count = count_dump
-        self._exclude = tuple(exclude)
+        self._own = own
         self._busy = threading.Lock()
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -112,7 +132,7 @@ class HeapProfiler:
             # application's own during the wait was a no-op on ours, so it ends with ours.)
             if not was_on:
                 tracemalloc.stop()
-        diff = diff_snapshots(before, after, top=top, exclude=self._exclude)
+        diff = diff_snapshots(before, after, top=top, own=self._own())
         del before, after  # the snapshots can be large; the diff keeps what it needs
         doc = heap_speedscope(diff, f"Python heap growth over {elapsed:.1f} s")
         dump, error = None, None

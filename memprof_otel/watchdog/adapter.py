@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+from .._callouts import calls_application
 from .._log import rate_limited
 from ..config import WatchdogConfig, WatchdogRule
 from ..metric_names import BY_PROM
@@ -36,12 +37,19 @@ def threshold_family(metric: str) -> str | None:
     unit (counts, 0/1 states), whose threshold is only in ``memprof_watchdog_threshold``."""
     d = BY_PROM.get(metric)
     return _THRESHOLD_BY_UNIT.get(d.unit) if d is not None else None
+
+
 AlertCallback = Callable[[dict[str, Any]], None]
 
 
 def _labels(labels: dict[str, str]) -> str:
     """``{device="cuda:0"}`` as in PromQL, or nothing."""
     return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
+
+
+@calls_application
+def _call_back(fn: AlertCallback, alert: dict[str, Any]) -> None:
+    fn(dict(alert))  # a copy each: one callback changing it cannot change what the next one sees
 
 
 class Watchdog:
@@ -112,7 +120,7 @@ class Watchdog:
                         "memprof.alert.threshold": r.threshold})
                 elif action == "callback":
                     for fn in list(self._callbacks):
-                        fn(dict(alert))
+                        _call_back(fn, alert)
                 elif action == "dump":
                     self._dump(r)
             except Exception as e:  # an action failing must not stop the others or the sampler

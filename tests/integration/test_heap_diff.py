@@ -133,6 +133,59 @@ def test_the_growing_line_is_the_top_site_and_the_files_validate(client):
     assert grew(counted, heap_counts(client)) == {"ok": 1}
 
 
+PACKAGE_DIR = os.path.dirname(os.path.abspath(mp.__file__))
+
+
+def _ours(frame: dict[str, Any]) -> bool:
+    return os.path.abspath(frame["file"]).startswith(PACKAGE_DIR + os.sep)
+
+
+KEPT: list[Any] = []  # what the application below keeps (cleared by the test)
+
+
+@pytest.mark.parametrize("frames", [4, 40])
+def test_memprof_threads_are_left_out_and_application_code_run_through_memprof_is_kept(client, frames):
+    # GIVEN memprof-otel's own threads busy (the fixture's 50 ms sampler, this endpoint) and
+    # application code that grows the heap through a memprof-otel wrapper (an operation decorator
+    # around a stdlib call: the allocating frames are the json package's, the caller's is ours)
+    parsed = mp.operation("parse")(json.loads)
+    stop = threading.Event()
+    text = json.dumps({str(i): [i, str(i)] for i in range(200)})
+
+    def app() -> None:
+        while not stop.is_set():
+            KEPT.append(parsed(text))
+            stop.wait(0.01)
+
+    t = threading.Thread(target=app, name="test-app", daemon=True)
+    t.start()
+    try:
+        # WHEN the heap is traced for 2 s, deep tracebacks (40 frames) or the default 4
+        r = heap(client, {"seconds": 2, "top": 100, "frames": frames})
+        # (a scrape meanwhile makes the endpoint's threads allocate too)
+        client.get("/metrics")
+    finally:
+        stop.set()
+        t.join(10)
+        KEPT.clear()
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    sc = client.get(doc["dump"]["url"]).json()
+    names = [f["name"] for f in sc["shared"]["frames"]]
+    stacks = [[names[i] for i in stack] for stack in sc["profiles"][0]["samples"]]
+    # THEN no growing stack starts in a thread of memprof-otel's (seen whole with 40 frames: the
+    # thread's own entry frames, threading.py then our package), and no stack has our package's
+    # frames except the decorator's wrapper under application code
+    for stack in stacks:
+        files = [name.rsplit(":", 1)[0] for name in stack if ":" in name]
+        ours = [f for f in files if _ours({"file": f})]
+        assert not ours or all(f.endswith(os.path.join("memprof_otel", "api.py")) for f in ours), stack
+    # and the application's growth through the wrapper is there, stdlib frames on top of ours
+    through_wrapper = [s for s in stacks if any(n.startswith(os.path.join(PACKAGE_DIR, "api.py")) for n in s)
+                       and any("json" + os.sep in n for n in s)]
+    assert through_wrapper, stacks[:10]
+
+
 def test_a_dict_that_stopped_growing_is_not_reported(client):
     # GIVEN the same code, which grew a dict and then stopped
     with Grower() as g:

@@ -22,6 +22,7 @@ from torch import nn
 
 from . import hooks
 from ... import _torch_compat
+from ..._callouts import calls_application
 from ..._log import rate_limited
 from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
 from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
@@ -903,6 +904,7 @@ class _CompiledCall:
     def remove(self) -> None:  # a handle, for _detach
         pass
 
+    @calls_application
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():
             return self.inner(*args, **kwargs)

@@ -6,7 +6,7 @@ import tracemalloc
 
 import pytest
 
-from memprof_otel.dumps.heap_diff import AT_LIMIT_FRAME, diff_snapshots, heap_speedscope
+from memprof_otel.dumps.heap_diff import AT_LIMIT_FRAME, OwnCode, diff_snapshots, heap_speedscope
 from tests.schemas import validate_speedscope
 
 APP, LIB, OWN = "/srv/app.py", "/venv/lib/lib.py", "/venv/memprof_otel/x.py"
@@ -42,13 +42,40 @@ def test_top_cuts_the_list_but_not_the_totals():
         diff_snapshots(snap(), after, top=0)
 
 
-def test_excluded_and_tracemalloc_allocating_frames_are_left_out():
-    mine = ((OWN, 3), (APP, 13))
-    through_mine = ((APP, 60), (OWN, 4))   # only the allocating frame decides
-    internal = ((tracemalloc.__file__, 560), (APP, 14))
-    after = snap((900, mine, 2), (50, through_mine, 2), (800, internal, 2))
-    d = diff_snapshots(snap(), after, top=10, exclude=("/venv/memprof_otel/*",))
-    assert [s.site for s in d.sites] == [f"{APP}:60"] and d.growth_bytes == 50
+OWN_CODE = OwnCode(package=("/venv/memprof_otel/",), libraries=("/usr/lib/python3/", "/venv/lib/"),
+                   callouts=frozenset({(OWN, 200)}))
+STDLIB = "/usr/lib/python3/threading.py"
+
+
+def test_tracemalloc_and_memprof_allocations_are_left_out_application_ones_kept():
+    # traces as tracemalloc records them (most recent first); each name says whose it is
+    cases = {
+        "ours, allocating": (((OWN, 3), (APP, 13)), True),
+        "our thread waiting on an Event": (((STDLIB, 300), (STDLIB, 600), (OWN, 40), (STDLIB, 1000)), True),
+        "our hook through a library": (((LIB, 5), (OWN, 41), (LIB, 900), (APP, 15)), True),
+        "the application through our frames": (((APP, 60), (OWN, 4)), False),
+        "a library called by the application": (((LIB, 6), (APP, 16), (OWN, 41)), False),
+        "a library called by our callout": (((LIB, 7), (STDLIB, 8), (OWN, 200), (APP, 17)), False),
+        "our callout line allocating itself": (((OWN, 200), (APP, 18)), True),
+        "library frames only, cut by the limit": (((LIB, 9), (STDLIB, 10)), False),
+        "a dataclass __init__ made by ours": ((("<string>", 2), (OWN, 42), (APP, 19)), True),
+    }
+    traces = [(100 * (i + 1), frames, 9) for i, (frames, _) in enumerate(cases.values())]
+    traces.append((800, ((tracemalloc.__file__, 560), (APP, 14)), 2))  # tracemalloc's own lists
+    d = diff_snapshots(snap(), snap(*traces), top=20, own=OWN_CODE)
+    kept = {s.traceback[::-1] for s in d.sites}
+    for name, (frames, ours) in cases.items():
+        assert (frames not in kept) == ours, name
+        assert OWN_CODE.owns(frames[::-1]) == ours, name  # owns() takes oldest first
+    assert d.growth_bytes == sum(size for (size, frames, _), (_, ours) in zip(traces, cases.values()) if not ours)
+    # without own, only tracemalloc's allocations go
+    assert diff_snapshots(snap(), snap(*traces), top=20).sites_grown == len(cases)
+
+
+def test_an_installed_memprof_inside_site_packages_is_still_ours():
+    inside = OwnCode(package=("/venv/lib/site-packages/memprof_otel/",), libraries=("/usr/lib/python3/", "/venv/lib/"))
+    assert inside.owns([("/venv/lib/site-packages/memprof_otel/telemetry/sampler.py", 9), (STDLIB, 1)])
+    assert not inside.owns([("/venv/lib/site-packages/myapp/serve.py", 9), (STDLIB, 1)])
 
 
 def test_speedscope_file_weights_stacks_by_growth_and_marks_cut_tracebacks():

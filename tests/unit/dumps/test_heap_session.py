@@ -83,7 +83,7 @@ def test_a_store_that_fails_still_answers_the_sites(tmp_path, counts):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
     profiler = HeapProfiler(lambda: DumpStore(blocker / "dumps"), lambda f, r: counts.append((f, r)),
-                            exclude=())
+                            own=lambda: None)
     r = profiler.run(1.0, top=5)
     assert r.dump is None and "could not be stored" in (r.dump_error or "")
     assert r.diff.sites_grown >= 0 and counts == [("heap", "error")]
