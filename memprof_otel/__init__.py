@@ -33,6 +33,13 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted([*_EXPORTS, "__version__"])
 
+# `timeline` names both a submodule and the public function. Importing a submodule the first time
+# sets it as an attribute of this package, which would hide the function from __getattr__; import
+# it now (it is light) and drop the attribute, so `memprof_otel.timeline` is always the function.
+from . import timeline as _timeline_module  # noqa: E402
+
+del timeline  # noqa: F821 - bound by the import system just above
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "reference.md"
+README = REPO / "README.md"
 
 
 class MetricRow(NamedTuple):
@@ -30,13 +31,20 @@ def text() -> str:
     return REFERENCE.read_text(encoding="utf-8")
 
 
-def section(title: str) -> str:
-    """The body of the ``## title`` section, up to the next ``## `` heading (subsections included)."""
-    m = re.search(rf"^## {re.escape(title)}[ \t]*\n", text(), re.M)
+@functools.cache
+def readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def section(title: str, doc: str | None = None) -> str:
+    """The body of the ``## title`` section of ``doc`` (the reference by default), up to the next
+    ``## `` heading (subsections included)."""
+    body = text() if doc is None else doc
+    m = re.search(rf"^## {re.escape(title)}[ \t]*\n", body, re.M)
     if m is None:
-        raise LookupError(f"no '## {title}' section in {REFERENCE}")
-    end = re.search(r"^## ", text()[m.end():], re.M)
-    return text()[m.end(): m.end() + end.start() if end else None]
+        raise LookupError(f"no '## {title}' section")
+    end = re.search(r"^## ", body[m.end():], re.M)
+    return body[m.end(): m.end() + end.start() if end else None]
 
 
 def table_rows(body: str) -> list[list[str]]:
@@ -104,3 +112,45 @@ def documented_commands() -> set[str]:
             raise ValueError(f"CLI row must start with `memprof-otel COMMAND`: {cells[0]}")
         out.add(words[1])
     return out
+
+
+def documented_command_options() -> dict[str, set[str]]:
+    """Subcommand -> every option its CLI row names (``--model``, ``-o``), in either cell."""
+    out: dict[str, set[str]] = {}
+    for cells in table_rows(section("CLI")):
+        command = first_code(cells[0]).split()[1]
+        out[command] = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])\b", " ".join(cells)))
+    return out
+
+
+class ApiLine(NamedTuple):
+    owner: str                 # "mp" (the package) or "h" (an Instrumentation)
+    name: str
+    params: tuple[str, ...]    # as written: "model", "name=\"encoder\"", "*", "**overrides"
+    returns: str | None        # the name after "->", if written
+
+
+def api_block() -> str:
+    """The code block of the "Python API" section."""
+    m = re.search(r"```python\n(.*?)```", section("Python API"), re.S)
+    if m is None:
+        raise LookupError("no python block in the Python API section")
+    return m.group(1)
+
+
+def documented_api() -> dict[tuple[str, str], ApiLine]:
+    """The first ``mp.NAME(...)`` / ``h.NAME(...)`` written for each name in the Python API block
+    (later ones are examples), with what its comment-free line says it returns."""
+    out: dict[tuple[str, str], ApiLine] = {}
+    for line in api_block().splitlines():
+        code = line.split("#", 1)[0]
+        for m in re.finditer(r"\b(mp|h)\.(\w+)\(([^()]*)\)(?:\s*->\s*([\w.\[\], |]+?))?\s*(?:$|;|/|:|\bas\b)", code):
+            owner, name, args, ret = m.groups()
+            params = tuple(a.strip() for a in args.split(",") if a.strip())
+            out.setdefault((owner, name), ApiLine(owner, name, params, ret.strip() if ret else None))
+    return out
+
+
+def documented_errors(body: str) -> set[str]:
+    """The class names written backticked in ``body`` (``MemprofError``, ``memprof_otel.ConfigError``)."""
+    return {n.rsplit(".", 1)[-1] for n in re.findall(r"`((?:memprof_otel\.)?[A-Z][A-Za-z]+)`", body)}

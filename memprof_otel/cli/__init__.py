@@ -37,6 +37,15 @@ class _UsageError(Exception):
     """An argument error: one line on stderr and exit 2, as every other error (usage with --help)."""
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it has one: no "(default: None)" or "(default: False)"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse prints a usage block, then exits 2
         raise _UsageError(f"{message} (see {self.prog} --help)")
@@ -56,7 +65,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"{__name__}.{module_name}")
         p = sub.add_parser(name, help=help_line, description=module.__doc__.strip().splitlines()[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_Formatter)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser

@@ -35,8 +35,8 @@ TOKEN_ENV = "MEMPROF_OTEL_HTTP_TOKEN"  # the endpoint's own setting: one variabl
 def add_endpoint_arguments(p: Any) -> None:
     """``--url`` and ``--token``, the same on every subcommand that talks to a running endpoint."""
     p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")
-    p.add_argument("--token", default=os.environ.get(TOKEN_ENV) or None,
-                   help=f"bearer token, when the endpoint has one (default: ${TOKEN_ENV})")
+    # the variable is read when the request is made, not as the default: --help never prints a secret
+    p.add_argument("--token", default=None, help=f"bearer token, when the endpoint has one (default: ${TOKEN_ENV})")
 
 
 def endpoint_url(url: str) -> str:
@@ -73,7 +73,7 @@ class Client:
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0) -> None:
         self.base = endpoint_url(url)
-        self.token = token
+        self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self.timeout = timeout
 
     def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:

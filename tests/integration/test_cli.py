@@ -145,6 +145,14 @@ def test_the_token_comes_from_the_endpoints_own_variable(live: tuple[str, Path],
     assert out.exists()
 
 
+def test_help_never_prints_the_token_from_the_environment() -> None:
+    for command in ("dump", "heap", "monitor", "advise", "headroom"):
+        proc = cli(command, "--help", env={"MEMPROF_OTEL_HTTP_TOKEN": "do-not-print-me"})
+        assert proc.returncode == 0 and "$MEMPROF_OTEL_HTTP_TOKEN" in proc.stdout
+        assert "do-not-print-me" not in proc.stdout + proc.stderr
+        assert "(default: None)" not in proc.stdout  # only defaults that say something
+
+
 def test_a_url_that_is_not_a_memprof_endpoint_is_said_plainly(tmp_path: Path) -> None:
     import http.server
 

@@ -30,3 +30,24 @@ def test_layer_stats_fields_match_spec():
     assert fields == {"layer_name", "calls", "peak_allocated", "peak_increase", "retained", "peak_reserved",
                       "avg_fragmentation", "total_allocations", "total_deallocations", "duration_ms",
                       "surviving_bytes"}
+
+
+def test_public_names_load_lazily_and_timeline_stays_the_function():
+    # in a fresh interpreter: the package imports without torch, and the names load on first use,
+    # whatever submodule was imported before (`memprof_otel.timeline` is also a submodule's name)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, memprof_otel as mp\n"
+        "assert 'torch' not in sys.modules, 'import memprof_otel loaded torch'\n"
+        "import memprof_otel.timeline\n"
+        "from memprof_otel.timeline import Sample\n"
+        "assert callable(mp.timeline) and mp.timeline.__module__ == 'memprof_otel.api', mp.timeline\n"
+        "from memprof_otel import timeline\n"
+        "assert timeline is mp.timeline and mp.Sample is Sample\n"
+        "assert 'torch' in sys.modules\n"  # the API's names do need torch
+        "assert set(dir(mp)) >= set(mp.__all__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
