@@ -7,12 +7,10 @@ import contextvars
 import functools
 import os
 import time
-from typing import Any, Callable, Iterable, TypeVar
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 from ._callouts import calls_application
-from .attribution.torch.instrumentation import Instrumentation, attach
+from .attribution.frameworks import adapter_for
 from .config import Config
 from .errors import MemprofError
 from .http import server as _http
@@ -23,10 +21,13 @@ from .telemetry.operations import reset_current, set_current
 from .timeline import OperationRecord, Timeline
 from .watchdog.adapter import AlertCallback
 
+if TYPE_CHECKING:  # the handle type of a torch model; the adapter itself is imported on demand
+    from .attribution.torch.instrumentation import Instrumentation
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def instrument(model: nn.Module, name: str | None = None, config: Any = None,
+def instrument(model: Any, name: str | None = None, config: Any = None,
                shape_of: Callable[[tuple, dict], dict[str, int]] | None = None,
                **overrides: Any) -> Instrumentation:
     """Attach memprof_otel to ``model``; returns the handle (also a context manager).
@@ -34,6 +35,7 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
     ``shape_of(args, kwargs) -> {"batch": .., "seq_len": ..}``: the input-shape features the memory
     model fits each forward's peak on, for models whose inputs the default does not read (it takes
     batch and sequence length of the token tensor and a KV cache's length)."""
+    attach = adapter_for(model)  # before the runtime starts: a wrong model changes nothing
     rt = runtime()
     # a config given to start_monitoring() is the process's: models instrumented later use it (not
     # one adopted from an earlier instrument() call, whose overrides belong to that model)
@@ -44,7 +46,7 @@ def instrument(model: nn.Module, name: str | None = None, config: Any = None,
         config = rt.resolve_config(config, **overrides)
     h = attach(model, name, config, shape_of)
     rt.connect(h)
-    return h
+    return h  # type: ignore[return-value] - the torch adapter's handle, the only adapter today
 
 
 def start_monitoring(config: Any = None, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:

@@ -26,7 +26,8 @@ from ._log import rate_limited
 from ._version import __version__
 from .advice import (AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLayers, advise, build_report,
                      severity_by_id)
-from .attribution.torch.instrumentation import Instrumentation, live_instrumentations
+from .attribution.handle import ModelHandle
+from .attribution.registry import live_handles
 from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
@@ -79,7 +80,7 @@ def _cuda_devices() -> list[int]:
         return []
 
 
-def _layer_view(h: Instrumentation) -> LayerView:
+def _layer_view(h: ModelHandle) -> LayerView:
     return LayerView(model=h.name, device=h.last_device, peaks=h.exported_layer_peaks(),
                      forward=h.layer_forward_totals(), overhead_seconds=h.overhead_seconds,
                      events_dropped=h.events_dropped, surviving=h.surviving(),
@@ -89,13 +90,13 @@ def _layer_view(h: Instrumentation) -> LayerView:
 
 def _surviving_bytes() -> dict[tuple[str, str, str], int]:
     """(model, layer, device) -> surviving bytes, over every live instrumented model."""
-    return {(name, layer, device): n for name, h in live_instrumentations().items()
+    return {(name, layer, device): n for name, h in live_handles().items()
             for (layer, device), n in h.surviving().items()}
 
 
 def _survivor_tables() -> dict[str, dict[str, int]]:
     """Model -> its survivor table's counts (held, capacity, left out), where one is kept."""
-    return {name: h.survivors.counts() for name, h in live_instrumentations().items() if h.survivors is not None}
+    return {name: h.survivors.counts() for name, h in live_handles().items() if h.survivors is not None}
 
 
 def _shutdown_failed(what: str, e: Exception) -> None:
@@ -140,7 +141,7 @@ class Runtime:
         self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
-        self.dump_service = DumpService(live_instrumentations, self._dumps_config, self.count_dump,
+        self.dump_service = DumpService(live_handles, self._dumps_config, self.count_dump,
                                         self._service_name)
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.count_dump)
@@ -364,12 +365,13 @@ class Runtime:
         return specs
 
     # ---- what the services are handed ------------------------------------------------------
-    def connect(self, h: Instrumentation) -> None:
+    def connect(self, h: ModelHandle) -> None:
         """Start the process runtime (sampler, exporters) with the handle's config unless one runs,
         and hand the handle what the layers above it want of its forwards."""
         self.ensure_started(h.config)
         h.process_history = self._history
-        h._observers += [self.oom_recorder, self.otel_observer]
+        h.add_observer(self.oom_recorder)
+        h.add_observer(self.otel_observer)
 
     def _dumps_config(self) -> DumpsConfig | None:
         cfg = self.config
@@ -525,14 +527,14 @@ class Runtime:
         model not instrumented). Never changes the process: acting on it is the caller's choice."""
         device = None
         if model is not None:
-            live = live_instrumentations()
+            live = live_handles()
             pick_model(live, model)  # raises UnknownModel, naming the models there are
             device = live[model].last_device
         return build_report(self.advice_evidence(), model, min_severity, device)
 
     # ---- the one data path exporters read --------------------------------------------------
     def layer_views(self) -> list[LayerView]:
-        return [_layer_view(h) for _, h in sorted(live_instrumentations().items())]
+        return [_layer_view(h) for _, h in sorted(live_handles().items())]
 
     def sources_up(self) -> dict[str, bool]:
         up = {name: False for name in registry.down_reasons()}

@@ -4,7 +4,7 @@ It counts the OOM, finds the failing layer (from the attribution stack when the 
 attributed, else from the traceback's module frames), and stores a dump with the last samples, the
 open operations and the layer's stats. It never swallows or changes the exception: it observes the
 forward's end, and the error continues up the caller's stack as it was. It is a forward observer
-(``attribution/torch/observers.py``) that the composition root registers on every handle, and
+(``attribution/observers.py``) that the composition root registers on every handle, and
 reads the process history and stores its dump through the functions it was built with.
 """
 from __future__ import annotations
@@ -26,19 +26,18 @@ class ObservedModel(Protocol):
     name: str
     last_device: str
 
-    @property
-    def model(self) -> Any: ...
+    def object_paths(self) -> dict[int, str]: ...
     def layer_stats(self) -> dict[str, Any]: ...
+
 
 LAST_SAMPLES = 30
 
 
 def failing_layer(h: ObservedModel, exc: BaseException) -> str | None:
     """The innermost module of ``h``'s model on the exception's traceback, as a module path."""
-    model = h.model
-    if model is None:
+    paths = h.object_paths()
+    if not paths:
         return None
-    paths = {id(m): p for p, m in model.named_modules()}
     found = None
     tb: TracebackType | None = exc.__traceback__
     while tb is not None:

@@ -26,7 +26,7 @@ from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
 from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
-from ..attribution.torch.instrumentation import live_instrumentations
+from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.heap_session import HeapProfiler
 from ..dumps.service import DumpService
@@ -417,12 +417,8 @@ class Endpoint:
 
     def status(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         models = []
-        for name, h in sorted(live_instrumentations().items()):
-            st = h.scheduler.state()
-            models.append({"name": name, "device": h.last_device, "layers": h.layer_count, "paused": h.paused,
-                           "forwards": st.forwards, "attributed_forwards": st.attributed,
-                           "overhead_seconds": st.attribution_seconds, "hook_errors": h.hook_errors,
-                           "forward_errors": h.forward_errors})
+        for _, h in sorted(live_handles().items()):
+            models.append(h.status())
         sampler = self.rt.sampler
         health = sampler.health() if sampler is not None else {"running": False, "sources": {}}
         sources = dict(health.get("sources", {}))
@@ -436,7 +432,7 @@ class Endpoint:
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         name = _str_param(q, "model")
-        handles = [self.rt.dump_service.pick_model(name)] if name else list(live_instrumentations().values())
+        handles = [self.rt.dump_service.pick_model(name)] if name else list(live_handles().values())
         return json_response(200, {"models": {h.name: {
             "device": h.last_device,
             "layers": {k: v.to_dict() for k, v in sorted(h.layer_stats().items())},
@@ -472,13 +468,13 @@ class Endpoint:
         or the names a model's ``shape_of`` returns)."""
         name = _str_param(q, "model")
         features = _shape_features(q)
-        if features and name is None and len(live_instrumentations()) > 1:
+        if features and name is None and len(live_handles()) > 1:
             raise HttpError(400, "bad_parameter", "model is required with shape features when several "
                             "models are instrumented")
         if name is not None or features:
             handles = [self.rt.dump_service.pick_model(name)]  # unknown: 404 unknown_model
         else:
-            handles = sorted(live_instrumentations().values(), key=lambda h: h.name)
+            handles = sorted(live_handles().values(), key=lambda h: h.name)
         out: dict[str, Any] = {}
         for h in handles:
             if h.capacity is None:

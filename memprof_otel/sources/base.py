@@ -34,6 +34,16 @@ class MemorySource(Protocol):
     def reading(self) -> Reading: ...
 
 
+@runtime_checkable
+class HotCounter(Protocol):
+    """What an attributed forward reads at every layer boundary: ``read_and_reset`` gives the level
+    and the peak since the last call and starts the next peak window there, in one step (a CPU
+    tensor ledger, a CUDA allocator source, a framework's own allocator statistics)."""
+
+    def read_and_reset(self) -> Reading: ...
+    def reset_peak(self) -> None: ...
+
+
 def ratio(part: float, whole: float) -> float:
     """part / whole clamped to 0..1; 0.0 when whole is 0 (an empty allocator is not fragmented)."""
     if whole <= 0:

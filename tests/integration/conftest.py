@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 import memprof_otel as mp
-from memprof_otel.attribution.torch.instrumentation import live_instrumentations
+from memprof_otel.attribution.registry import live_handles
 from memprof_otel.runtime import runtime
 
 from .helpers import JSON_HEADERS
@@ -30,7 +30,7 @@ def _reset() -> None:
 def clean_runtime():
     _reset()
     yield
-    for h in list(live_instrumentations().values()):
+    for h in list(live_handles().values()):
         h.uninstrument()
     mp.shutdown(2)
     _reset()

@@ -241,7 +241,7 @@ def test_hook_failure_is_counted_and_the_forward_runs(x, monkeypatch):
     model = Tree()
     plain = model(x)
     with mp.instrument(model, **EVERY) as h:
-        from memprof_otel.attribution.torch.forward_state import ForwardState
+        from memprof_otel.attribution.forward_state import ForwardState
 
         def broken(self, path, key, t):
             raise RuntimeError("telemetry bug")

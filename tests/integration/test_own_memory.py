@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
-from memprof_otel.attribution.torch.forward_state import MEAN_EVENT_BYTES, event_capacity
+from memprof_otel.attribution.forward_state import MEAN_EVENT_BYTES, event_capacity
 
 
 def _model() -> nn.Module:

@@ -48,8 +48,17 @@ def _run(code: str, timeout: float = 180.0, env: dict[str, str] | None = None) -
 
 # ---- the torch requirement ---------------------------------------------------------------------
 
-def test_torch_has_a_lower_bound_and_no_upper_bound():
-    (torch_req,) = [r for r in _requirements() if r.name == "torch"]
+def _torch_extra() -> list[Requirement]:
+    return [Requirement(r) for r in _project()["optional-dependencies"]["torch"]]
+
+
+def test_torch_is_no_requirement_and_its_extra_keeps_any_newer_torch():
+    # an image without torch (TensorFlow, a sidecar) must not get one; the [torch] extra asks for it
+    assert not any(r.name == "torch" for r in _requirements())
+    extras = _project()["optional-dependencies"]
+    for extra in ("examples", "dev"):  # what the demo and the suite need
+        assert any(Requirement(r).name == "torch" for r in extras[extra]), extra
+    (torch_req,) = [r for r in _torch_extra() if r.name == "torch"]
     spec = torch_req.specifier
     for newer in ("2.13.0", "2.14.0", "2.15.0", "2.20.1", "3.0.0", "2.14.0+cu128"):
         assert spec.contains(Version(newer), prereleases=True), (newer, str(spec))
@@ -107,7 +116,7 @@ def test_pip_keeps_a_newer_installed_torch(tmp_path: Path):
              "--dry-run", "--no-index", "--quiet", "--report", "-", *reqs],
             capture_output=True, text=True, timeout=300, env=_env_without_pip_config())
 
-    ours = dry_run([str(r) for r in _requirements()])
+    ours = dry_run([str(r) for r in (*_requirements(), *_torch_extra())])
     assert ours.returncode == 0, ours.stderr
     assert json.loads(ours.stdout)["install"] == []
     capped = dry_run(["torch>=2.4,<2.14"])

@@ -39,21 +39,20 @@ from ...capacity.shapes import ShapeOf
 from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
-from .forward_state import ForwardState, event_capacity, event_dict
-from .traced_forward import TracedForwardState
+from ..forward_state import ForwardState, event_capacity, event_dict
+from ..traced_forward import TracedForwardState
 from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ...sources.survivors import SurvivorTable
 from ...timeline import OperationRecord, Sample
-from .observers import ForwardObserver
+from ..observers import ForwardObserver
+from .. import registry as live
 
 _log = logging.getLogger("memprof_otel")
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
-_LIVE: dict[str, "Instrumentation"] = {}
-_live_lock = threading.Lock()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
 # Every instrumented forward's opening, process-wide: an attributed forward that reads the CUDA
 # allocator at its boundaries sees every thread's allocations on the device, so it must know
@@ -87,12 +86,6 @@ def _example_paths(mods: dict[str, Any], n: int = 4) -> str:
     paths = [p for p in mods if p]
     more = f", ... {len(paths)} in all" if len(paths) > n else ""
     return "its paths look like " + ", ".join(repr(p) for p in paths[:n]) + more if paths else "no submodules"
-
-
-def live_instrumentations() -> dict[str, "Instrumentation"]:
-    """Name -> handle of every model instrumented now (what exporters and the endpoint read)."""
-    with _live_lock:
-        return dict(_LIVE)
 
 
 class _ThreadLocal(threading.local):
@@ -277,9 +270,7 @@ class Instrumentation:
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
-        with _live_lock:
-            if _LIVE.get(self.name) is self:
-                del _LIVE[self.name]
+        live.unregister(self)
         if self.survivors is not None:
             self.survivors.clear()  # drop the held weakrefs: nothing reads this table any more
 
@@ -357,6 +348,24 @@ class Instrumentation:
         the largest safe batch per sequence length."""
         return self._capacity_on().answer(self.last_device, features or None)
 
+    def status(self) -> dict[str, Any]:
+        """Its line in ``GET /v1/status`` (the ``ModelHandle`` contract)."""
+        st = self.scheduler.state()
+        return {"name": self.name, "device": self.last_device, "layers": self.layer_count,
+                "paused": self.paused, "forwards": st.forwards, "attributed_forwards": st.attributed,
+                "overhead_seconds": st.attribution_seconds, "hook_errors": self.hook_errors,
+                "forward_errors": self.forward_errors}
+
+    def object_paths(self) -> dict[int, str]:
+        """``id(module) -> module path`` for every module of the model, tracked or not."""
+        model = self._model_ref()
+        return {id(m): p for p, m in model.named_modules()} if model is not None else {}
+
+    def add_observer(self, observer: ForwardObserver) -> None:
+        """Hear of this handle's forwards and captures (``observers.py``); the composition root
+        adds the OOM recorder and the OTel recorder."""
+        self._observers.append(observer)
+
     def events(self) -> list[dict[str, Any]]:
         with self._events_lock:
             kept = list(self._events)
@@ -379,7 +388,7 @@ class Instrumentation:
         if self._closed:
             raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
         cap = Capture(self.name, forwards)
-        with _live_lock:
+        with live.LOCK:
             current = self._capture
             if current is not None and not current.done:
                 raise CaptureBusy(f"a capture of {self.name!r} is running "
@@ -547,7 +556,7 @@ class Instrumentation:
         if cap is not None:
             cap.forward_finished(end)
             if cap.done:
-                with _live_lock:
+                with live.LOCK:
                     if self._capture is cap:
                         self._capture = None
                 if not cap.cancelled:
@@ -1000,22 +1009,14 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_
     if existing is not None and not existing._closed:
         raise AlreadyInstrumented(f"this {type(model).__name__} is already instrumented as "
                                   f"{existing.name!r}; call uninstrument() on that handle first")
-    with _live_lock:
-        if name is None:
-            base = type(model).__name__
-            name = next(n for n in (base if i == 0 else f"{base}-{i + 1}" for i in itertools.count())
-                        if n not in _LIVE)
-        elif name in _LIVE:
-            raise InstrumentationError(f"a model named {name!r} is already instrumented; names are "
-                                       "the 'model' label and must be unique per process")
-        if isinstance(model, nn.TransformerEncoderLayer):
-            rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
-                                 "loses its fused fast path to our root hook; instrument its parent")
-        if shape_of is not None and not callable(shape_of):
-            raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
-                                       f"got {type(shape_of).__name__}")
-        h = Instrumentation(model, name, cfg, shape_of)
-        _LIVE[name] = h
+    if isinstance(model, nn.TransformerEncoderLayer):
+        rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
+                             "loses its fused fast path to our root hook; instrument its parent")
+    if shape_of is not None and not callable(shape_of):
+        raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
+                                   f"got {type(shape_of).__name__}")
+    h = live.register(name, type(model).__name__,
+                                     lambda chosen: Instrumentation(model, chosen, cfg, shape_of))
     _INSTRUMENTED[model] = h
     _report_degradations(h)
     return h

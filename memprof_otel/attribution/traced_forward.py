@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..peaks import LayerCall
-from ..trace_fold import boundary_readings
+from .peaks import LayerCall
+from .trace_fold import boundary_readings
 from .forward_state import ForwardState
-from ...sources.base import Reading
-from ...sources.cuda_trace import CudaAllocatorTrace, TraceTicket
+from ..sources.base import Reading
+from ..sources.cuda_trace import CudaAllocatorTrace, TraceTicket
 
 
 class _TraceMarks:

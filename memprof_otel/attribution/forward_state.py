@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
-from ..peaks import LayerCall, PeakTracker
-from ...sources.base import Reading
-
-
-class HotCounter(Protocol):
-    """What the tracker reads on every hook: a ledger (CPU) or an allocator source (CUDA)."""
-
-    def read_and_reset(self) -> Reading: ...  # pragma: no cover - protocol
-    def reset_peak(self) -> None: ...  # pragma: no cover - protocol
+from .peaks import LayerCall, PeakTracker
+from ..sources.base import HotCounter, Reading
 
 
 # Timeline events are kept as tuples (a dict per layer enter/exit made every attributed forward

@@ -1,0 +1,42 @@
+"""Which adapter instruments a model, chosen by the model's type.
+
+An adapter's framework is imported only when a model of it is handed over: a model of torch's can
+only exist once torch is imported, so ``sys.modules`` says whether to look, and ``import
+memprof_otel``, the endpoint, the exporters and the CLI run in an image without torch.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from ..capacity.shapes import ShapeOf
+from ..config import Config
+from ..errors import InstrumentationError
+from .handle import ModelHandle
+
+Attach = Callable[[Any, "str | None", Config, "ShapeOf | None"], ModelHandle]
+
+
+def _is_torch_module(model: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(model, torch.nn.Module)
+
+
+# (framework, is one of its models, the adapter module with its ``attach``)
+_ADAPTERS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("torch", _is_torch_module, "memprof_otel.attribution.torch.instrumentation"),
+)
+
+
+def adapter_for(model: Any) -> Attach:
+    """The ``attach`` of the adapter that handles ``model``; InstrumentationError for a model of no
+    framework we instrument."""
+    for _, matches, module in _ADAPTERS:
+        if matches(model):
+            return importlib.import_module(module).attach  # type: ignore[no-any-return]
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    raise InstrumentationError(f"instrument() takes a PyTorch model (a torch.nn.Module); got {kind}")
+
+
+__all__ = ["adapter_for"]
