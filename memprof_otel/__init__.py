@@ -19,7 +19,7 @@ _EXPORTS: dict[str, str] = {
          "remove_alert_callback", "report", "serve", "shutdown", "start_monitoring", "stop_monitoring", "timeline",
          "wsgi_app"), ".api"),
     "LayerMemoryStats": ".attribution.stats",
-    "Instrumentation": ".attribution.torch.instrumentation",
+    "Instrumentation": ".attribution.instrumentation",
     "Config": ".config", "load_config": ".config",
     "Capture": ".dumps.capture",
     **dict.fromkeys(
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
                       remove_alert_callback, report, serve, shutdown, start_monitoring, stop_monitoring, timeline,
                       wsgi_app)
     from .attribution.stats import LayerMemoryStats
-    from .attribution.torch.instrumentation import Instrumentation
+    from .attribution.instrumentation import Instrumentation
     from .config import Config, load_config
     from .dumps.capture import Capture
     from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,

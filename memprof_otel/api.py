@@ -7,10 +7,11 @@ import contextvars
 import functools
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 from ._callouts import calls_application
 from .attribution.frameworks import adapter_for
+from .attribution.instrumentation import Instrumentation
 from .config import Config
 from .errors import MemprofError
 from .http import server as _http
@@ -20,9 +21,6 @@ from .runtime import runtime
 from .telemetry.operations import reset_current, set_current
 from .timeline import OperationRecord, Timeline
 from .watchdog.adapter import AlertCallback
-
-if TYPE_CHECKING:  # the handle type of a torch model; the adapter itself is imported on demand
-    from .attribution.torch.instrumentation import Instrumentation
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,7 +44,7 @@ def instrument(model: Any, name: str | None = None, config: Any = None,
         config = rt.resolve_config(config, **overrides)
     h = attach(model, name, config, shape_of)
     rt.connect(h)
-    return h  # type: ignore[return-value] - the torch adapter's handle, the only adapter today
+    return h
 
 
 def start_monitoring(config: Any = None, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:

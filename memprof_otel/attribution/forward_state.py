@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from .peaks import LayerCall, PeakTracker
-from ..sources.base import HotCounter, Reading
+from ..sources.base import HotCounter
 
 
 # Timeline events are kept as tuples (a dict per layer enter/exit made every attributed forward

@@ -13,9 +13,10 @@ from typing import Any, Callable
 from ..capacity.shapes import ShapeOf
 from ..config import Config
 from ..errors import InstrumentationError
-from .handle import ModelHandle
+from .instrumentation import Instrumentation
 
-Attach = Callable[[Any, "str | None", Config, "ShapeOf | None"], ModelHandle]
+# attach(model, name, config, shape_of): hooks the model, registers and returns its handle
+Attach = Callable[[Any, "str | None", Config, "ShapeOf | None"], Instrumentation]
 
 
 def _is_torch_module(model: Any) -> bool:

@@ -7,14 +7,12 @@ pushes the tensor ledger; the root post-hook undoes both and folds the calls int
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import sys
 import threading
 import time
 import weakref
-from collections import deque
 from typing import Any, Callable
 
 import torch
@@ -27,32 +25,23 @@ from ..._log import rate_limited
 from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
 from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
 from ..._torch_compat import skip_code as _skip_code
-from ...reports.summary import format_summary, summary_dict
-from ...reports.timeline_export import write_timeline
-from ..scheduler import AttributionScheduler
-from ..selection import OTHER, filters_selecting_nothing, select_layers
-from ..stats import LayerAccumulator, LayerMemoryStats
-from ..windows import WindowFigures, WindowedPeaks
-from ...capacity.model import Prediction
-from ...capacity.service import Capacity
 from ...capacity.shapes import ShapeOf
 from ...config import Config, load_config
 from ...dumps.capture import Capture
-from ...errors import AlreadyInstrumented, CaptureBusy, InstrumentationError, MemprofError
-from ..forward_state import ForwardState, event_capacity, event_dict
-from ..traced_forward import TracedForwardState
+from ...errors import AlreadyInstrumented, InstrumentationError
 from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
-from ...sources.survivors import SurvivorTable
-from ...timeline import OperationRecord, Sample
-from ..observers import ForwardObserver
 from .. import registry as live
+from ..forward_state import ForwardState
+from ..instrumentation import Instrumentation
+from ..selection import OTHER, filters_selecting_nothing, select_layers
+from ..traced_forward import TracedForwardState
 
 _log = logging.getLogger("memprof_otel")
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
-_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, Instrumentation]" = weakref.WeakKeyDictionary()
+_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, TorchInstrumentation]" = weakref.WeakKeyDictionary()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
 # Every instrumented forward's opening, process-wide: an attributed forward that reads the CUDA
 # allocator at its boundaries sees every thread's allocations on the device, so it must know
@@ -77,10 +66,6 @@ def _share_counter(state: ForwardState, shared: bool) -> None:
     state.overlapped = shared and len(_open_threads) > 1
 
 
-def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
-    return [], []
-
-
 def _example_paths(mods: dict[str, Any], n: int = 4) -> str:
     """A few module paths of the model, so a filter that matches nothing can be fixed at once."""
     paths = [p for p in mods if p]
@@ -101,12 +86,12 @@ class _ThreadLocal(threading.local):
     shape: dict[str, int] | None = None  # the attributed forward's shape features (capacity model)
 
 
-class Instrumentation:
-    """The handle ``instrument()`` returns. ``uninstrument()`` is idempotent."""
+class TorchInstrumentation(Instrumentation):
+    """The handle of a torch model: the root hooks, the compile switch and the per-thread forward
+    machine around the framework-neutral handle (``attribution/instrumentation.py``)."""
 
     def __init__(self, model: nn.Module, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
-        self.name = name
-        self.config = config
+        super().__init__(name, config, shape_of)
         self._model_ref = weakref.ref(model)
         self._root_key = id(model)
         acfg = config.attribution
@@ -123,35 +108,7 @@ class Instrumentation:
         self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)
         self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
-        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
-        self._stats = LayerAccumulator()
-        # storages born in attributed forwards and still alive, per birth layer (leak detection)
-        self.survivors: SurvivorTable | None = (SurvivorTable(config.leaks.max_tracked_storages)
-                                                if config.leaks.surviving else None)
-        self._windows = WindowedPeaks(acfg.window, time.perf_counter())
-        # compact tuples (see forward_state), bounded by count and by bytes, whichever is smaller
-        self._events: deque[tuple] = deque(maxlen=event_capacity(acfg.max_events, acfg.max_event_bytes))
-        self._events_lock = threading.Lock()
-        self.events_dropped = 0
-        self.hook_errors = 0
-        self.forward_errors = 0
-        self.interrupted_forwards = 0  # forwards a BaseException abandoned (also in forward_errors)
-        # attributed forwards whose per-layer figures were dropped rather than published wrong,
-        # by reason: "concurrent" (allocator read at boundaries while another forward ran),
-        # "trace_lost" (the allocator trace could not give the forward's events)
-        self.unattributed: dict[str, int] = {}
-        self.last_device = "cpu"
-        self._origin_s = time.perf_counter()
-        self._created_unix = time.time()
         self._tls = _ThreadLocal()
-        self._closed = False
-        # forward observers (observers.py): how the layers above hear of forwards and completed
-        # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
-        self._observers: list[ForwardObserver] = []
-        # the process's samples and operations, for export_timeline (set by the composition root)
-        self.process_history: Callable[[], tuple[list[Sample], list[OperationRecord]]] = _no_history
-        self._capture: Capture | None = None
-        self.last_capture: Capture | None = None
         # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
         self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
         self._open_lock = threading.Lock()
@@ -161,9 +118,6 @@ class Instrumentation:
         self._handles: list[Any] = []
         # module id -> a weak reference to one of its tensors: where a forward opened by it runs
         self._device_probes: dict[int, Callable[[], torch.Tensor | None]] = {}
-        # the memory model: each measured forward's shape and root peak (docs/capacity.md)
-        self.capacity: Capacity | None = (Capacity(config.capacity, shape_of)
-                                          if config.capacity.enabled else None)
         self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
@@ -240,180 +194,26 @@ class Instrumentation:
 
     @property
     def layer_count(self) -> int:
-        """Module paths tracked (after max_depth, include/exclude and the max_layers fold)."""
         return len(self._paths)
 
     @property
     def paused(self) -> bool:
         return not self._handles
 
-    def pause(self) -> None:
-        """Remove the root hooks (the model runs exactly as plain); stats and config are kept."""
-        self._detach()
-
-    def resume(self) -> None:
-        """Re-attach after ``pause()``; a no-op when running or uninstrumented."""
+    def _reattach(self) -> None:
         model = self._model_ref()
-        if not self._closed and not self._handles and model is not None:
+        if model is not None:
             self._attach(model)
 
-    def uninstrument(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._detach()
-        cap = self._capture
-        if cap is not None and not cap.done:  # it would wait for ever: its forwards can no longer come
-            cap.cancel("the model was uninstrumented before its forwards were captured")
-        self._release_open_forwards()
-        self._notify(lambda obs: obs.uninstrumented(self))
+    def _forget_model(self) -> None:
         model = self._model_ref()
         if model is not None and _INSTRUMENTED.get(model) is self:
             del _INSTRUMENTED[model]
-        live.unregister(self)
-        if self.survivors is not None:
-            self.survivors.clear()  # drop the held weakrefs: nothing reads this table any more
-
-    def __enter__(self) -> "Instrumentation":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.uninstrument()
-
-    @property
-    def overhead_seconds(self) -> float:
-        """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
-        return self.scheduler.state().attribution_seconds
-
-    def layer_stats(self) -> dict[str, LayerMemoryStats]:
-        stats = self._stats.snapshot()
-        surviving = self.surviving_by_layer()
-        return {k: dataclasses.replace(v, surviving_bytes=surviving[k]) if k in surviving else v
-                for k, v in stats.items()}
-
-    def surviving(self) -> dict[tuple[str, str], int]:
-        """(layer, device) -> bytes of storages born there during attributed forwards that are
-        still alive now (empty with ``leaks.surviving`` off). Attributed forwards only: with a
-        sampling scheduler, a sample of what all forwards leave behind (docs/reference.md)."""
-        if self.survivors is None:
-            return {}
-        return {k: b for k, (b, _n) in self.survivors.surviving().items()}
-
-    def surviving_by_layer(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for (layer, _device), b in self.surviving().items():
-            out[layer] = out.get(layer, 0) + b
-        return out
-
-    def peak_memory_per_layer(self) -> dict[str, int]:
-        return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
-
-    def layer_forward_totals(self) -> dict[str, tuple[float, int]]:
-        """Path -> (seconds in attributed calls, calls): the forward-time summary's figures."""
-        return self._stats.forward_totals()
-
-    def exported_layer_peaks(self, now: float | None = None) -> dict[str, WindowFigures]:
-        """Per-layer figures over the last completed ``attribution.window`` (what exporters publish)."""
-        return self._windows.exported(time.perf_counter() if now is None else now)
-
-    def fragmentation_stats(self) -> dict[str, float]:
-        """Per-layer mean allocator fragmentation, for layers where it was measured (CUDA).
-
-        CPU attribution counts tensor storages, which have no heap layout: CPU layers are absent
-        here (the process-wide host heap figure is ``memprof_allocator_fragmentation_ratio``).
-        """
-        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
-                if v.avg_fragmentation is not None}
-
-    # ---- capacity ---------------------------------------------------------------------------
-    def _capacity_on(self) -> Capacity:
-        if self.capacity is None:
-            raise MemprofError(f"{self.name!r}: the memory model is off (capacity.enabled: false)")
-        return self.capacity
-
-    def predict_peak(self, **features: int) -> Prediction:
-        """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
-        with the model's error on shapes it was not fitted on and whether this shape lies outside
-        those seen. ``peak_bytes`` is None, with ``reason``, when the model cannot answer yet."""
-        return self._capacity_on().predict(features)
-
-    def fits(self, *, unknown: bool = True, **features: int) -> bool:
-        """Would one forward of this shape fit in the memory its device has available now, with
-        the margin and the fit's error taken off? ``unknown`` is the answer when the model or the
-        limit cannot tell (too few shapes seen yet): letting traffic through by default."""
-        return self._capacity_on().fits(self.last_device, features, unknown)
-
-    def headroom(self, **features: int) -> dict[str, Any]:
-        """The ``/v1/headroom`` document: with features, the prediction and whether it fits; without,
-        the largest safe batch per sequence length."""
-        return self._capacity_on().answer(self.last_device, features or None)
-
-    def status(self) -> dict[str, Any]:
-        """Its line in ``GET /v1/status`` (the ``ModelHandle`` contract)."""
-        st = self.scheduler.state()
-        return {"name": self.name, "device": self.last_device, "layers": self.layer_count,
-                "paused": self.paused, "forwards": st.forwards, "attributed_forwards": st.attributed,
-                "overhead_seconds": st.attribution_seconds, "hook_errors": self.hook_errors,
-                "forward_errors": self.forward_errors}
 
     def object_paths(self) -> dict[int, str]:
         """``id(module) -> module path`` for every module of the model, tracked or not."""
         model = self._model_ref()
         return {id(m): p for p, m in model.named_modules()} if model is not None else {}
-
-    def add_observer(self, observer: ForwardObserver) -> None:
-        """Hear of this handle's forwards and captures (``observers.py``); the composition root
-        adds the OOM recorder and the OTel recorder."""
-        self._observers.append(observer)
-
-    def events(self) -> list[dict[str, Any]]:
-        with self._events_lock:
-            kept = list(self._events)
-        return [event_dict(e) for e in kept]
-
-    def summary_dict(self) -> dict[str, Any]:
-        return summary_dict(self)
-
-    def summary(self) -> str:
-        return format_summary(self)
-
-    def print_summary(self) -> None:
-        print(self.summary())
-
-    def export_timeline(self, path: str) -> None:
-        write_timeline(self, path)
-
-    def capture(self, forwards: int = 1) -> Capture:
-        """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
-        if self._closed:
-            raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
-        cap = Capture(self.name, forwards)
-        with live.LOCK:
-            current = self._capture
-            if current is not None and not current.done:
-                raise CaptureBusy(f"a capture of {self.name!r} is running "
-                                  f"({current.completed}/{current.forwards} forwards)")
-            self._capture = cap
-            self.last_capture = cap
-        return cap
-
-    def export_speedscope(self, path: str) -> None:
-        """Write the last capture as a speedscope file."""
-        if self.last_capture is None or self.last_capture.completed == 0:
-            raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
-        self.last_capture.save(path)
-
-    def _capture_done(self, cap: Capture) -> None:
-        """Tell the observers a capture completed (the OTel recorder emits its spans)."""
-        self._notify(lambda obs: obs.capture_done(self, cap))
-
-    def reset_stats(self) -> None:
-        """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
-        memory alive now, not a history."""
-        self._stats.clear()
-        self._windows.clear()
-        with self._events_lock:
-            self._events.clear()
 
     # ---- hooks -----------------------------------------------------------------------------
     def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False,
@@ -838,19 +638,6 @@ class Instrumentation:
         with self._open_lock:
             self._open.pop(threading.get_ident(), None)
 
-    def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
-        """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and
-        skipped, never stopping the observers after it or the forward's attribution."""
-        for obs in self._observers:
-            try:
-                event(obs)
-            except Exception as e:
-                self._count_error("observer", e)
-
-    def _count_error(self, where: str, e: BaseException) -> None:
-        self.hook_errors += 1
-        rate_limited.warning(f"hook:{where}", "memprof_otel: %s failed in %s hook: %r (counted; the "
-                             "model is unaffected)", self.name, where, e)
 
 
 class _RootHook:
@@ -863,7 +650,7 @@ class _RootHook:
 
     __slots__ = ("h", "pre", "path", "kw")
 
-    def __init__(self, h: Instrumentation, pre: bool, path: str, kw: bool = False) -> None:
+    def __init__(self, h: TorchInstrumentation, pre: bool, path: str, kw: bool = False) -> None:
         self.h = h
         self.pre = pre
         self.path = path
@@ -906,7 +693,7 @@ class _CompiledCall:
     """Stands in for ``model._compiled_call_impl`` (set by ``m.compile()``): our pre/post around
     the compiled call, run eagerly; ``uninstrument()`` puts the original back."""
 
-    def __init__(self, h: Instrumentation, inner: Any) -> None:
+    def __init__(self, h: TorchInstrumentation, inner: Any) -> None:
         self.h = h
         self.inner = inner
 
@@ -952,7 +739,7 @@ class _ReleaseWatch:
 
     __slots__ = ("owner",)
 
-    def __init__(self, h: Instrumentation, ident: int, state: ForwardState) -> None:
+    def __init__(self, h: TorchInstrumentation, ident: int, state: ForwardState) -> None:
         self.owner = (h, ident, state)
 
     def __del__(self) -> None:
@@ -994,7 +781,7 @@ def _tensor_device(t: torch.Tensor | None) -> torch.device:
 
 
 def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_of: ShapeOf | None = None,
-           **overrides: Any) -> Instrumentation:
+           **overrides: Any) -> TorchInstrumentation:
     """Hook ``model`` and return its handle, not yet connected to any exporter: ``mp.instrument``
     does this, then hands the handle to the process runtime. ``config`` None: defaults + env."""
     if not isinstance(model, nn.Module):
@@ -1016,13 +803,13 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_
         raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
                                    f"got {type(shape_of).__name__}")
     h = live.register(name, type(model).__name__,
-                                     lambda chosen: Instrumentation(model, chosen, cfg, shape_of))
+                                     lambda chosen: TorchInstrumentation(model, chosen, cfg, shape_of))
     _INSTRUMENTED[model] = h
     _report_degradations(h)
     return h
 
 
-def _report_degradations(h: Instrumentation) -> None:
+def _report_degradations(h: TorchInstrumentation) -> None:
     """Say once, in the log and in ``memprof_source_up``, what this torch cannot give us."""
     if _LEDGER_DOWN is not None and h.config.attribution.enabled:
         registry.mark_down("ledger", _LEDGER_DOWN)

@@ -1,0 +1,295 @@
+"""The handle ``instrument()`` returns, whatever the model's framework.
+
+Everything a handle does that does not touch the framework is here: the per-layer statistics and
+their exported windows, the forward scheduler's budget, deep captures, the memory model, summaries
+and exports, observers, pause/resume/uninstrument. A framework adapter (``attribution/torch/``)
+subclasses it with what does: attaching hooks to the model, the per-thread forward machine, the
+layer paths of its tree. This module imports no framework.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from .._log import rate_limited
+from ..capacity.model import Prediction
+from ..capacity.service import Capacity
+from ..capacity.shapes import ShapeOf
+from ..config import Config
+from ..dumps.capture import Capture
+from ..errors import CaptureBusy, InstrumentationError, MemprofError
+from ..reports.summary import format_summary, summary_dict
+from ..reports.timeline_export import write_timeline
+from ..sources.survivors import SurvivorTable
+from ..timeline import OperationRecord, Sample
+from . import registry as live
+from .forward_state import event_capacity, event_dict
+from .handle import ProcessHistory
+from .observers import ForwardObserver
+from .scheduler import AttributionScheduler
+from .stats import LayerAccumulator, LayerMemoryStats
+from .windows import WindowFigures, WindowedPeaks
+
+
+def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
+    return [], []
+
+
+class Instrumentation:
+    """The handle ``instrument()`` returns (a ``ModelHandle``). ``uninstrument()`` is idempotent;
+    the handle is also a context manager that uninstruments on exit."""
+
+    def __init__(self, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
+        self.name = name
+        self.config = config
+        acfg = config.attribution
+        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
+        self._stats = LayerAccumulator()
+        # storages born in attributed forwards and still alive, per birth layer (leak detection)
+        self.survivors: SurvivorTable | None = (SurvivorTable(config.leaks.max_tracked_storages)
+                                                if config.leaks.surviving else None)
+        self._windows = WindowedPeaks(acfg.window, time.perf_counter())
+        # compact tuples (see forward_state), bounded by count and by bytes, whichever is smaller
+        self._events: deque[tuple] = deque(maxlen=event_capacity(acfg.max_events, acfg.max_event_bytes))
+        self._events_lock = threading.Lock()
+        self.events_dropped = 0
+        self.hook_errors = 0
+        self.forward_errors = 0
+        self.interrupted_forwards = 0  # forwards a BaseException abandoned (also in forward_errors)
+        # attributed forwards whose per-layer figures were dropped rather than published wrong,
+        # by reason: "concurrent" (allocator read at boundaries while another forward ran),
+        # "trace_lost" (the allocator trace could not give the forward's events)
+        self.unattributed: dict[str, int] = {}
+        self.last_device = "cpu"
+        self._origin_s = time.perf_counter()
+        self._created_unix = time.time()
+        self._closed = False
+        # forward observers (observers.py): how the layers above hear of forwards and completed
+        # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
+        self._observers: list[ForwardObserver] = []
+        # the process's samples and operations, for export_timeline (set by the composition root)
+        self.process_history: ProcessHistory = _no_history
+        self._capture: Capture | None = None
+        self.last_capture: Capture | None = None
+        # the memory model: each measured forward's shape and root peak (docs/capacity.md)
+        self.capacity: Capacity | None = (Capacity(config.capacity, shape_of)
+                                          if config.capacity.enabled else None)
+
+    # ---- what the framework adapter provides ---------------------------------------------------
+    @property
+    def model(self) -> Any:
+        """The instrumented model (None once it was garbage-collected)."""
+        raise NotImplementedError
+
+    @property
+    def paused(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def layer_count(self) -> int:
+        """Layer paths tracked (after max_depth, include/exclude and the max_layers fold)."""
+        raise NotImplementedError
+
+    def object_paths(self) -> dict[int, str]:
+        """``id(layer object) -> layer path`` for every layer of the model, tracked or not."""
+        raise NotImplementedError
+
+    def _detach(self) -> None:
+        """Take every hook off the model."""
+        raise NotImplementedError
+
+    def _reattach(self) -> None:
+        """Put the hooks back after ``pause()``."""
+        raise NotImplementedError
+
+    def _release_open_forwards(self) -> None:
+        """End the attributed forwards still open in other threads (uninstrument's cleanup)."""
+
+    def _forget_model(self) -> None:
+        """Drop the adapter's record that this model is instrumented."""
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def pause(self) -> None:
+        """Remove the root hooks (the model runs exactly as plain); stats and config are kept."""
+        self._detach()
+
+    def resume(self) -> None:
+        """Re-attach after ``pause()``; a no-op when running or uninstrumented."""
+        if not self._closed and self.paused:
+            self._reattach()
+
+    def uninstrument(self) -> None:
+        """Remove every hook; the model is as before; figures stay readable. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._detach()
+        cap = self._capture
+        if cap is not None and not cap.done:  # it would wait for ever: its forwards can no longer come
+            cap.cancel("the model was uninstrumented before its forwards were captured")
+        self._release_open_forwards()
+        self._notify(lambda obs: obs.uninstrumented(self))
+        self._forget_model()
+        live.unregister(self)
+        if self.survivors is not None:
+            self.survivors.clear()  # drop the held weakrefs: nothing reads this table any more
+
+    def __enter__(self) -> "Instrumentation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstrument()
+
+
+    # ---- figures ---------------------------------------------------------------------------
+    @property
+    def overhead_seconds(self) -> float:
+        """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
+        return self.scheduler.state().attribution_seconds
+
+    def layer_stats(self) -> dict[str, LayerMemoryStats]:
+        stats = self._stats.snapshot()
+        surviving = self.surviving_by_layer()
+        return {k: dataclasses.replace(v, surviving_bytes=surviving[k]) if k in surviving else v
+                for k, v in stats.items()}
+
+    def surviving(self) -> dict[tuple[str, str], int]:
+        """(layer, device) -> bytes of storages born there during attributed forwards that are
+        still alive now (empty with ``leaks.surviving`` off). Attributed forwards only: with a
+        sampling scheduler, a sample of what all forwards leave behind (docs/reference.md)."""
+        if self.survivors is None:
+            return {}
+        return {k: b for k, (b, _n) in self.survivors.surviving().items()}
+
+    def surviving_by_layer(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (layer, _device), b in self.surviving().items():
+            out[layer] = out.get(layer, 0) + b
+        return out
+
+    def peak_memory_per_layer(self) -> dict[str, int]:
+        return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
+
+    def layer_forward_totals(self) -> dict[str, tuple[float, int]]:
+        """Path -> (seconds in attributed calls, calls): the forward-time summary's figures."""
+        return self._stats.forward_totals()
+
+    def exported_layer_peaks(self, now: float | None = None) -> dict[str, WindowFigures]:
+        """Per-layer figures over the last completed ``attribution.window`` (what exporters publish)."""
+        return self._windows.exported(time.perf_counter() if now is None else now)
+
+    def fragmentation_stats(self) -> dict[str, float]:
+        """Per-layer mean allocator fragmentation, for layers where it was measured (CUDA).
+
+        CPU attribution counts tensor storages, which have no heap layout: CPU layers are absent
+        here (the process-wide host heap figure is ``memprof_allocator_fragmentation_ratio``).
+        """
+        return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
+                if v.avg_fragmentation is not None}
+
+    # ---- capacity ---------------------------------------------------------------------------
+    def _capacity_on(self) -> Capacity:
+        if self.capacity is None:
+            raise MemprofError(f"{self.name!r}: the memory model is off (capacity.enabled: false)")
+        return self.capacity
+
+    def predict_peak(self, **features: int) -> Prediction:
+        """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
+        with the model's error on shapes it was not fitted on and whether this shape lies outside
+        those seen. ``peak_bytes`` is None, with ``reason``, when the model cannot answer yet."""
+        return self._capacity_on().predict(features)
+
+    def fits(self, *, unknown: bool = True, **features: int) -> bool:
+        """Would one forward of this shape fit in the memory its device has available now, with
+        the margin and the fit's error taken off? ``unknown`` is the answer when the model or the
+        limit cannot tell (too few shapes seen yet): letting traffic through by default."""
+        return self._capacity_on().fits(self.last_device, features, unknown)
+
+    def headroom(self, **features: int) -> dict[str, Any]:
+        """The ``/v1/headroom`` document: with features, the prediction and whether it fits; without,
+        the largest safe batch per sequence length."""
+        return self._capacity_on().answer(self.last_device, features or None)
+
+
+    def status(self) -> dict[str, Any]:
+        """Its line in ``GET /v1/status`` (the ``ModelHandle`` contract)."""
+        st = self.scheduler.state()
+        return {"name": self.name, "device": self.last_device, "layers": self.layer_count,
+                "paused": self.paused, "forwards": st.forwards, "attributed_forwards": st.attributed,
+                "overhead_seconds": st.attribution_seconds, "hook_errors": self.hook_errors,
+                "forward_errors": self.forward_errors}
+
+    def add_observer(self, observer: ForwardObserver) -> None:
+        """Hear of this handle's forwards and captures (``observers.py``); the composition root
+        adds the OOM recorder and the OTel recorder."""
+        self._observers.append(observer)
+
+    def events(self) -> list[dict[str, Any]]:
+        with self._events_lock:
+            kept = list(self._events)
+        return [event_dict(e) for e in kept]
+
+    def summary_dict(self) -> dict[str, Any]:
+        return summary_dict(self)
+
+    def summary(self) -> str:
+        return format_summary(self)
+
+    def print_summary(self) -> None:
+        print(self.summary())
+
+    def export_timeline(self, path: str) -> None:
+        write_timeline(self, path)
+
+    def capture(self, forwards: int = 1) -> Capture:
+        """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
+        if self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
+        cap = Capture(self.name, forwards)
+        with live.LOCK:
+            current = self._capture
+            if current is not None and not current.done:
+                raise CaptureBusy(f"a capture of {self.name!r} is running "
+                                  f"({current.completed}/{current.forwards} forwards)")
+            self._capture = cap
+            self.last_capture = cap
+        return cap
+
+    def export_speedscope(self, path: str) -> None:
+        """Write the last capture as a speedscope file."""
+        if self.last_capture is None or self.last_capture.completed == 0:
+            raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
+        self.last_capture.save(path)
+
+    def _capture_done(self, cap: Capture) -> None:
+        """Tell the observers a capture completed (the OTel recorder emits its spans)."""
+        self._notify(lambda obs: obs.capture_done(self, cap))
+
+    def reset_stats(self) -> None:
+        """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
+        memory alive now, not a history."""
+        self._stats.clear()
+        self._windows.clear()
+        with self._events_lock:
+            self._events.clear()
+
+    # ---- for the adapter ---------------------------------------------------------------------
+    def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
+        """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and
+        skipped, never stopping the observers after it or the forward's attribution."""
+        for obs in self._observers:
+            try:
+                event(obs)
+            except Exception as e:
+                self._count_error("observer", e)
+
+    def _count_error(self, where: str, e: BaseException) -> None:
+        self.hook_errors += 1
+        rate_limited.warning(f"hook:{where}", "memprof_otel: %s failed in %s hook: %r (counted; the "
+                             "model is unaffected)", self.name, where, e)
+
+
+__all__ = ["Instrumentation"]
