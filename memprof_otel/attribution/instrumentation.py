@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .._log import rate_limited
 from ..capacity.model import Prediction
 from ..capacity.service import Capacity
-from ..capacity.shapes import ShapeOf
+from ..capacity.shapes import Features, ShapeOf
 from ..config import Config
 from ..dumps.capture import Capture
 from ..errors import CaptureBusy, InstrumentationError, MemprofError
@@ -26,12 +26,20 @@ from ..reports.timeline_export import write_timeline
 from ..sources.survivors import SurvivorTable
 from ..timeline import OperationRecord, Sample
 from . import registry as live
-from .forward_state import event_capacity, event_dict
+from .forward_state import ForwardState, event_capacity, event_dict
 from .handle import ProcessHistory
 from .observers import ForwardObserver
+from .peaks import LayerCall
 from .scheduler import AttributionScheduler
 from .stats import LayerAccumulator, LayerMemoryStats
 from .windows import WindowFigures, WindowedPeaks
+
+
+_DROP_WHY = {
+    "concurrent": "another forward ran on the process meanwhile, and the CUDA allocator's statistics "
+                  "read at module boundaries are the device's, shared by every thread",
+    "trace_lost": "the CUDA allocator trace could not give the forward's events",
+}
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -277,6 +285,40 @@ class Instrumentation:
             self._events.clear()
 
     # ---- for the adapter ---------------------------------------------------------------------
+    def _publish(self, state: ForwardState, calls: list[LayerCall], t: float, raised: bool,
+                 shape: Features | None, dropped: str | None) -> None:
+        """Fold one finished forward into the figures: its calls into the statistics and windows,
+        its root peak into the memory model (with its ``shape``), its events into the timeline.
+        ``dropped``: why its figures must not be published (another forward moved a shared
+        counter, a lost trace), counted instead. A root-only reading feeds the memory model alone."""
+        if state.root_only:  # only the memory model hears of it; a figure another forward moved is dropped
+            if dropped is None and shape and not raised and self.capacity is not None and calls:
+                root = calls[-1]
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
+                self.capacity.root_readings += 1
+            elif self.capacity is not None and dropped is not None:
+                self.capacity.root_readings_dropped += 1
+            return
+        if dropped is not None:
+            # never a silently wrong figure: the forward counts, its per-layer figures do not
+            self.unattributed[dropped] = self.unattributed.get(dropped, 0) + 1
+            rate_limited.warning(f"unattributed:{dropped}", "memprof_otel: %s: an attributed forward's "
+                                 "per-layer figures were dropped (%s); counted in "
+                                 "memprof_forwards_unattributed_total", self.name, _DROP_WHY[dropped])
+            return
+        self._stats.merge(calls, baseline=state.baseline)
+        self._windows.merge(calls, state.baseline, t)
+        if shape and not raised and self.capacity is not None:
+            root = next((c for c in reversed(calls) if c[0] == state.root_path), None)
+            if root is not None:  # the opener's own call: the forward's peak above its entry level
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
+        if state.events:
+            with self._events_lock:
+                overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
+                if overflow > 0:
+                    self.events_dropped += overflow
+                self._events.extend(state.events)
+
     def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
         """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and
         skipped, never stopping the observers after it or the forward's attribution."""

@@ -51,11 +51,6 @@ _opened = itertools.count()
 _open_threads: dict[int, int] = {}
 
 
-_DROP_WHY = {
-    "concurrent": "another forward ran on the process meanwhile, and the CUDA allocator's statistics "
-                  "read at module boundaries are the device's, shared by every thread",
-    "trace_lost": "the CUDA allocator trace could not give the forward's events",
-}
 
 
 def _share_counter(state: ForwardState, shared: bool) -> None:
@@ -566,36 +561,8 @@ class TorchInstrumentation(Instrumentation):
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
         self._pop_mode()
         calls = state.finish(t, raised)
-        reason = self._dropped(state)
-        if state.root_only:  # only the memory model hears of it; a figure another forward moved is dropped
-            shape, self._tls.shape = self._tls.shape, None
-            if reason is None and shape and not raised and self.capacity is not None and calls:
-                root = calls[-1]
-                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
-                self.capacity.root_readings += 1
-            elif self.capacity is not None and reason is not None:
-                self.capacity.root_readings_dropped += 1
-            return
-        if reason is not None:
-            # never a silently wrong figure: the forward counts, its per-layer figures do not
-            self.unattributed[reason] = self.unattributed.get(reason, 0) + 1
-            rate_limited.warning(f"unattributed:{reason}", "memprof_otel: %s: an attributed forward's "
-                                 "per-layer figures were dropped (%s); counted in "
-                                 "memprof_forwards_unattributed_total", self.name, _DROP_WHY[reason])
-            return
-        self._stats.merge(calls, baseline=state.baseline)
-        self._windows.merge(calls, state.baseline, t)
         shape, self._tls.shape = self._tls.shape, None
-        if shape and not raised and self.capacity is not None:
-            root = next((c for c in reversed(calls) if c[0] == state.root_path), None)
-            if root is not None:  # the opener's own call: the forward's peak above its entry level
-                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
-        if state.events:
-            with self._events_lock:
-                overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)
-                if overflow > 0:
-                    self.events_dropped += overflow
-                self._events.extend(state.events)
+        self._publish(state, calls, t, raised, shape, self._dropped(state))
 
     def _dropped(self, state: ForwardState) -> str | None:
         """Why this forward's figures must not be published, or None."""
