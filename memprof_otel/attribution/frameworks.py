@@ -3,6 +3,10 @@
 An adapter's framework is imported only when a model of it is handed over: a model of torch's can
 only exist once torch is imported, so ``sys.modules`` says whether to look, and ``import
 memprof_otel``, the endpoint, the exporters and the CLI run in an image without torch.
+
+A Keras 3 model on the torch backend is a ``torch.nn.Module``: the torch adapter takes it and reads
+its layer tree from Keras (``keras_tree.py``). On the other backends it is no framework object we
+instrument yet; it is recognised by its classes' names, with no import, to say so.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from ..capacity.shapes import ShapeOf
 from ..config import Config
 from ..errors import InstrumentationError
 from .instrumentation import Instrumentation
+from .keras_tree import is_keras_layer, keras_backend_of
 
 # attach(model, name, config, shape_of): hooks the model, registers and returns its handle
 Attach = Callable[[Any, "str | None", Config, "ShapeOf | None"], Instrumentation]
@@ -37,7 +42,14 @@ def adapter_for(model: Any) -> Attach:
         if matches(model):
             return importlib.import_module(module).attach  # type: ignore[no-any-return]
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
-    raise InstrumentationError(f"instrument() takes a PyTorch model (a torch.nn.Module); got {kind}")
+    takes = "instrument() takes a PyTorch model (a torch.nn.Module, a Keras 3 model on the torch backend included)"
+    if is_keras_layer(model):
+        # a Keras model on another backend: say which, and how to get one we instrument
+        backend = keras_backend_of(model) or "another"
+        raise InstrumentationError(f"{takes}; got {kind}, a Keras model on the {backend} backend, which "
+                                   "is not instrumented yet: set KERAS_BACKEND=torch before keras is "
+                                   "imported to instrument it")
+    raise InstrumentationError(f"{takes}; got {kind}")
 
 
 __all__ = ["adapter_for"]

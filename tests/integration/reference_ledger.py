@@ -35,8 +35,9 @@ How it counts (and why it is independent of the library)
    ``register_module_forward_hook(..., always_call=True)``) keep a stack of open frames for the
    thread that entered the context. Every level increase raises the peak of every open frame; on a
    module's exit its frame is closed and recorded. A module's path is its name in the instrumented
-   root's ``named_modules()`` (the root is ``""``; a shared module keeps its first name); modules
-   outside the root are ignored. A submodule called directly, not through the root (HF
+   root's ``named_modules()`` (the root is ``""``; a shared module keeps its first name), or the
+   one the caller gives in ``paths`` (a Keras model, whose layers ``named_modules()`` misses);
+   modules outside it are ignored. A submodule called directly, not through the root (HF
    ``generate()`` calls ``model.get_encoder()(...)`` on encoder-decoder models), is recorded under
    its own path with no root frame around it.
 
@@ -72,6 +73,7 @@ import gc
 import threading
 import weakref
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -198,11 +200,17 @@ class ReferenceLedger:
     is open, in exit order, as ``Call(path, peak_increase, retained)``.
     """
 
-    def __init__(self, model: nn.Module, device_type: str = "cpu") -> None:
+    def __init__(self, model: nn.Module, device_type: str = "cpu",
+                 paths: Mapping[int, str] | None = None) -> None:
         self.model = model  # held so the ids below stay unique
         self.paths: dict[int, str] = {}
-        for name, m in model.named_modules():
-            self.paths.setdefault(id(m), name)
+        if paths is not None:
+            # a tree named_modules() does not give (a Keras model keeps its layers in its own
+            # lists): the caller states ``id(module) -> path`` itself, the root included
+            self.paths.update(paths)
+        else:
+            for name, m in model.named_modules():
+                self.paths.setdefault(id(m), name)
         self.storages = _Storages(device_type)
         self.storages.on_increase = self._raise_peaks
         self.calls: list[Call] = []

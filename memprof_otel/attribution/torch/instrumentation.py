@@ -29,6 +29,7 @@ from ...capacity.shapes import ShapeOf
 from ...config import Config, load_config
 from ...dumps.capture import Capture
 from ...errors import AlreadyInstrumented, InstrumentationError
+from ..keras_tree import is_keras_layer, keras_layer_paths
 from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
@@ -92,9 +93,9 @@ class TorchInstrumentation(Instrumentation):
         acfg = config.attribution
         # torch.compile(m) wraps m: layer paths are m's own (no "_orig_mod." prefix)
         tree = model._orig_mod if isinstance(model, _OptimizedModule) else model
-        named = select_layers((p for p, _ in tree.named_modules()), max_depth=acfg.max_depth,
-                              include=acfg.include, exclude=acfg.exclude, max_layers=acfg.max_layers)
-        mods = dict(tree.named_modules())
+        mods = dict(_layer_paths(tree))
+        named = select_layers(mods, max_depth=acfg.max_depth, include=acfg.include,
+                              exclude=acfg.exclude, max_layers=acfg.max_layers)
         for problem in filters_selecting_nothing(mods, max_depth=acfg.max_depth, include=acfg.include,
                                                  exclude=acfg.exclude):
             _log.warning("memprof_otel: model %r: %s (%s); unselected layers count in their nearest "
@@ -145,7 +146,7 @@ class TorchInstrumentation(Instrumentation):
         points: dict[int, tuple[str, nn.Module]] = {id(model): ("", model)}
         if isinstance(model, _OptimizedModule):
             return list(points.values())  # its forwards are compiled: root-level figures only
-        candidates = [m for _, m in model.named_children()]
+        candidates = _children(model)
         for getter in ("get_encoder", "get_decoder"):
             fn = getattr(model, getter, None)
             if callable(fn):
@@ -206,9 +207,10 @@ class TorchInstrumentation(Instrumentation):
             del _INSTRUMENTED[model]
 
     def object_paths(self) -> dict[int, str]:
-        """``id(module) -> module path`` for every module of the model, tracked or not."""
+        """``id(module) -> module path`` for every module of the model, tracked or not (for a
+        Keras model, every Keras layer: the paths its figures are kept under)."""
         model = self._model_ref()
-        return {id(m): p for p, m in model.named_modules()} if model is not None else {}
+        return {id(m): p for p, m in _layer_paths(model)} if model is not None else {}
 
     # ---- hooks -----------------------------------------------------------------------------
     def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False,
@@ -728,6 +730,25 @@ class _InertHook:
 
     def __call__(self, *args: Any) -> None:
         return None
+
+
+def _layer_paths(model: nn.Module) -> list[tuple[str, Any]]:
+    """``(path, module)`` for the model and everything below it that gets figures of its own.
+
+    A Keras 3 model on the torch backend is an ``nn.Module`` whose layers are too, and each layer
+    call goes through ``nn.Module.__call__``, so the global hooks see it; but Keras keeps most of
+    its layers in its own lists, out of ``named_modules()``: the tree comes from Keras instead.
+    """
+    if is_keras_layer(model):
+        return keras_layer_paths(model)
+    return list(model.named_modules())
+
+
+def _children(model: nn.Module) -> list[Any]:
+    """The root's direct children in its layer tree (``_layer_paths``): the depth-1 paths."""
+    if is_keras_layer(model):
+        return [m for p, m in keras_layer_paths(model) if p and "." not in p]
+    return [m for _, m in model.named_children()]
 
 
 def _no_tensor() -> None:
