@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import sys
+from importlib import metadata
 from typing import Any
 
 import psutil
@@ -88,9 +89,34 @@ def _allocator() -> dict[str, Any]:
     return out
 
 
+# framework -> (distributions that provide it, what memprof-otel does with it)
+_FRAMEWORKS = {
+    "torch": (("torch",), "instrument() per layer (CPU and CUDA)"),
+    "keras": (("keras",), "Keras 3 models: per layer on the torch backend"),
+    "tensorflow": (("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly"), "not instrumented yet"),
+    "jax": (("jax",), "not instrumented yet"),
+}
+
+
+def _frameworks() -> dict[str, dict[str, Any]]:
+    """Which model frameworks are installed, by their distributions' metadata: nothing is imported
+    (importing TensorFlow alone takes seconds and fixes Keras's backend for the process)."""
+    out = {}
+    for name, (dists, use) in _FRAMEWORKS.items():
+        version = None
+        for dist in dists:
+            try:
+                version = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        out[name] = {"version": version, "use": use}
+    return out
+
+
 def collect() -> dict[str, Any]:
-    return {"memprof_otel": __version__, "system": _system(), "torch": _torch(), "nvml": _nvml(),
-            "host_allocator": _allocator()}
+    return {"memprof_otel": __version__, "system": _system(), "frameworks": _frameworks(), "torch": _torch(),
+            "nvml": _nvml(), "host_allocator": _allocator()}
 
 
 def _size(n: int | None) -> str:
@@ -106,7 +132,11 @@ def format_text(d: dict[str, Any]) -> str:
              f"  cpus             {s['cpu_count']} ({s['cpus_usable']} usable by this process)",
              f"  memory total     {_size(s['memory_total_bytes'])}",
              f"  cgroup limit     {_size(s['cgroup_memory_limit_bytes'])}",
-             "torch:"]
+             "frameworks:"]
+    for name, fw in d["frameworks"].items():
+        state = f"{fw['version']}: {fw['use']}" if fw["version"] else "not installed"
+        lines.append(f"  {name:<16} {state}")
+    lines.append("torch:")
     if t.get("version") is None:
         lines.append(f"  not importable: {t.get('error')}")
     else:

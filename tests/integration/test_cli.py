@@ -322,12 +322,19 @@ def test_info_json_describes_this_host() -> None:
     assert d["system"]["cpu_count"] == os.cpu_count() and d["system"]["memory_total_bytes"] > 0
     assert d["nvml"]["up"] or d["nvml"]["reason"]
     assert d["host_allocator"]["backend"] in ("glibc", "jemalloc", "tcmalloc", "unknown")
+    # the frameworks, read without importing them: versions as the packages themselves say
+    import importlib.util
+
+    assert d["frameworks"]["torch"]["version"] == torch.__version__
+    for name in ("tensorflow", "jax", "keras"):
+        installed = importlib.util.find_spec(name) is not None
+        assert (d["frameworks"][name]["version"] is not None) == installed, name
 
 
 def test_info_text_names_every_part() -> None:
     proc = cli("info")
     assert proc.returncode == 0, proc.stderr
-    for part in ("system:", "torch:", "nvml:", "host allocator:", "cgroup limit", "memory total"):
+    for part in ("system:", "frameworks:", "torch:", "nvml:", "host allocator:", "cgroup limit", "memory total"):
         assert part in proc.stdout
 
 
