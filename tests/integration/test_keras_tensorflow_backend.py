@@ -1,0 +1,140 @@
+"""Keras 3 models on the TensorFlow backend get figures per Keras layer in eager mode, from
+TensorFlow's own allocator statistics; inside a ``tf.function`` or a compiled ``predict`` the model
+runs exactly as plain.
+
+TensorFlow is not in the test environment (it pins its own numpy and protobuf): the models run in a
+child process (``keras_tf_child.py``) under the interpreter named by ``MEMPROF_OTEL_TF_PYTHON``
+(``scripts/install-and-test.sh`` builds ``.venv-tf`` with ``tensorflow-cpu`` and sets it), with
+this repository on ``PYTHONPATH``. Without the variable the module is skipped, saying so.
+
+Two models: a Sequential with a nested Sequential, and a functional model calling a nested
+functional model (a layer named ``d`` in each). Checked: the layer paths (written below from the
+model definitions), each Dense layer's figures against the sizes of its tensors, bit-identical
+outputs, a ``tf.function`` that is neither traced again nor measured per layer, nothing left on the
+layers after ``uninstrument()``, the endpoint's ``/metrics``, and no torch in the child.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.demo_process import REPO
+
+TF_PYTHON = os.environ.get("MEMPROF_OTEL_TF_PYTHON")
+if not TF_PYTHON:
+    pytest.skip("MEMPROF_OTEL_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "
+                "scripts/install-and-test.sh builds as .venv-tf)", allow_module_level=True)
+
+F32 = 4
+MIB = 1 << 20
+# TF counts what its allocator hands out for a request, not the tensor's size: alignment and block
+# rounding. For MiB-sized float32 tensors it was measured exact, and at most 192 bytes over for a
+# 1 MB request; 32 KiB a tensor leaves room for that rounding only: one tensor more or less than
+# the arithmetic below is at least 1 MiB off (every activation here is 1-4 MiB).
+SLACK_PER_TENSOR = 32 * 1024
+
+# the paths each model's definition gives (keras_tf_child.py), joined with "."
+EXPECTED = {
+    "sequential": {"", "d1", "inner", "inner.d_in", "inner.act"},
+    "functional": {"", "d", "submodel", "submodel.hid", "submodel.d"},
+}
+# the layer whose output each model (and nested model) returns, and its width
+OUTPUT_UNITS = {"sequential": {"": 1024, "inner": 1024}, "functional": {"": 4096, "submodel": 4096}}
+FORWARDS = 2
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, Any]:
+    """One child process runs every case (importing TensorFlow takes seconds)."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([str(TF_PYTHON), str(Path(REPO) / "tests" / "integration" / "keras_tf_child.py")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(lines) == len(EXPECTED), proc.stderr[-4000:]
+    out: dict[str, Any] = {}
+    for line in lines:
+        r = json.loads(line[len("RESULT "):])
+        out[r["case"]] = r
+    versions = [line for line in proc.stdout.splitlines() if line.startswith("VERSIONS ")]
+    out["versions"] = json.loads(versions[0][len("VERSIONS "):])
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_every_keras_layer_has_its_path_and_every_eager_call_counts(results: dict[str, Any], case: str) -> None:
+    r = results[case]
+    assert set(r["stats"]) == EXPECTED[case]
+    assert all(s["calls"] == FORWARDS for s in r["stats"].values())
+    assert r["forwards"] == FORWARDS and r["unattributed"] == {}
+    assert r["device"] == "cpu"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_dense_figures_are_the_sizes_of_its_tensors(results: dict[str, Any], case: str) -> None:
+    r = results[case]
+    for path, units in r["dense_units"].items():
+        out_bytes = r["batch"] * units * F32
+        s = r["stats"][path]
+        # a Dense without activation makes x @ kernel, then adds the bias into a second tensor of
+        # the same size while the first is alive; it returns the second
+        assert 2 * out_bytes <= s["peak_increase"] <= 2 * out_bytes + 2 * SLACK_PER_TENSOR, (path, s)
+        assert out_bytes <= s["retained"] <= out_bytes + SLACK_PER_TENSOR, (path, s)
+    # a model (and a nested one) keeps exactly its output; its peak covers each of its layers'
+    for path, units in OUTPUT_UNITS[case].items():
+        out_bytes = r["batch"] * units * F32
+        assert out_bytes <= r["stats"][path]["retained"] <= out_bytes + SLACK_PER_TENSOR, path
+        below = [p for p in EXPECTED[case] if p != path and (path == "" or p.startswith(path + "."))]
+        assert r["stats"][path]["peak_increase"] >= max(r["stats"][p]["peak_increase"] for p in below)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_outputs_are_bit_identical_and_uninstrument_leaves_the_layers_as_before(results: dict[str, Any],
+                                                                               case: str) -> None:
+    r = results[case]
+    assert r["bit_identical"] and r["bit_identical_after"]
+    # pause() takes every wrapper off, resume() puts one on each tracked layer again
+    assert r["paused_instance_calls"] == 0
+    assert r["resumed_instance_calls"] == len(EXPECTED[case])
+    assert r["instance_calls_after"] == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_a_tf_function_runs_the_plain_graph_and_is_not_measured_per_layer(results: dict[str, Any],
+                                                                         case: str) -> None:
+    f = results[case]["tf_function"]
+    # traced once for three calls of one shape: the wrappers add no retrace
+    assert f["tracing_count"] == 1
+    assert f["bit_identical_to_plain_graph"]
+    # a function traced before instrument() is not traced again and gives the same result
+    assert f["plain_fn_tracing_count"] == f["plain_fn_tracing_count_after"] == 1
+    assert f["plain_fn_bit_identical"]
+    # the graph runs without Python: no forward, no layer call is seen
+    assert f["forwards_added"] == 0
+    assert set(f["calls_added"].values()) == {0}
+    assert set(results[case]["predict_calls_added"].values()) == {0}
+    assert results[case]["predict_allclose"]
+
+
+@pytest.mark.timeout(300)
+def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
+    r = results["sequential"]
+    assert set(r["http_layers"]) == EXPECTED["sequential"]
+    for path in EXPECTED["sequential"]:
+        out_line = f'memprof_layer_peak_increase_bytes{{device="cpu",layer="{path}",model="sequential"}}'
+        assert out_line in r["metrics"], path
+
+
+@pytest.mark.timeout(300)
+def test_the_child_never_imported_torch(results: dict[str, Any]) -> None:
+    assert results["versions"]["torch_imported"] is False
+    assert results["versions"]["tensorflow"].startswith("2.")
