@@ -106,6 +106,13 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
     out["predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
     out["predict_allclose"] = bool(np.allclose(predicted, plain, rtol=1e-5, atol=1e-5))
 
+    # predict() compiled with run_eagerly=True calls the model eagerly per batch: each is a forward
+    model.compile(run_eagerly=True)
+    before = _stats(h)
+    eager_predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
+    out["eager_predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
+    out["eager_predict_allclose"] = bool(np.allclose(eager_predicted, plain, rtol=1e-5, atol=1e-5))
+
     if name == "sequential":
         out.update(_endpoint(h))
     h.pause()

@@ -126,6 +126,14 @@ def test_a_tf_function_runs_the_plain_graph_and_is_not_measured_per_layer(result
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_predict_run_eagerly_is_measured_per_batch(results: dict[str, Any], case: str) -> None:
+    # 4 batches of BATCH // 4 rows: every layer called once per batch
+    assert set(results[case]["eager_predict_calls_added"].values()) == {4}
+    assert results[case]["eager_predict_allclose"]
+
+
+@pytest.mark.timeout(300)
 def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
     r = results["sequential"]
     assert set(r["http_layers"]) == EXPECTED["sequential"]
