@@ -15,6 +15,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is imported: it reads
 
 import json  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 import urllib.request  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -136,10 +137,73 @@ def _endpoint(h: Any) -> dict[str, Any]:
         srv.close()
 
 
+class Meet(keras.layers.Layer):
+    """Holds each eager call until ``parties`` threads are inside one (a forced overlap), or raises
+    when told to: forwards that run at the same time, and one that fails, on purpose."""
+
+    def __init__(self, parties: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.meet = False
+        self.fail = False
+
+    def call(self, x: Any) -> Any:
+        if self.fail:
+            raise ValueError("told to fail")
+        if self.meet and tf.executing_eagerly():
+            self.barrier.wait()
+        return x
+
+
+def behaviour() -> dict[str, Any]:
+    """Threads whose forwards overlap, a forward that raises, and a layer that had an instance
+    ``call`` of its own before instrument()."""
+    meet = Meet(2, name="meet")
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1024, name="fc"), meet], name="m")
+    x = tf.constant(np.ones((BATCH, FEATURES), "float32"))
+    model(x)
+    fc = model.get_layer("fc")
+    own_call = fc.call  # a user's (or a quantizer's) instance ``call``: it must come back as it was
+    fc.call = own_call
+    h = mp.instrument(model, name="behaviour", **ATTRIBUTE_EVERY)
+    out: dict[str, Any] = {}
+
+    model(x)  # alone: attributed
+    meet.meet = True
+    rounds = 3
+
+    def run() -> None:
+        for _ in range(rounds):
+            model(x)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    meet.meet = False
+    out["after_threads"] = {"status": h.status(), "unattributed": dict(h.unattributed), "stats": _stats(h)}
+
+    meet.fail = True
+    try:
+        model(x)
+        out["raised"] = False
+    except ValueError:
+        out["raised"] = True
+    meet.fail = False
+    model(x)  # works again after the failure
+    out["after_failure"] = {"status": h.status(), "stats": _stats(h)}
+    h.uninstrument()
+    out["own_call_restored"] = fc.__dict__.get("call") is own_call
+    return out
+
+
 def main(names: list[str]) -> None:
     assert keras.backend.backend() == "tensorflow", keras.backend.backend()
     for name in names or list(CASES):
         print("RESULT " + json.dumps({"case": name, **run_case(name, CASES[name])}), flush=True)
+    if not names:
+        print("BEHAVIOUR " + json.dumps(behaviour()), flush=True)
     print("VERSIONS " + json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__,
                                     "torch_imported": "torch" in sys.modules}), flush=True)
     mp.shutdown(5)

@@ -61,6 +61,8 @@ def results() -> dict[str, Any]:
     for line in lines:
         r = json.loads(line[len("RESULT "):])
         out[r["case"]] = r
+    behaviour = [line for line in proc.stdout.splitlines() if line.startswith("BEHAVIOUR ")]
+    out["behaviour"] = json.loads(behaviour[0][len("BEHAVIOUR "):])
     versions = [line for line in proc.stdout.splitlines() if line.startswith("VERSIONS ")]
     out["versions"] = json.loads(versions[0][len("VERSIONS "):])
     return out
@@ -146,3 +148,31 @@ def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
 def test_the_child_never_imported_torch(results: dict[str, Any]) -> None:
     assert results["versions"]["torch_imported"] is False
     assert results["versions"]["tensorflow"].startswith("2.")
+
+
+@pytest.mark.timeout(300)
+def test_forwards_that_overlap_are_dropped_not_published_wrong(results: dict[str, Any]) -> None:
+    # one forward alone, then 2 threads x 3 forwards held together inside the model (a barrier
+    # layer): TF's allocator statistics are the device's, so none of those 6 can be attributed
+    after = results["behaviour"]["after_threads"]
+    assert after["status"]["forwards"] == 7
+    assert after["unattributed"] == {"concurrent": 6}
+    assert {s["calls"] for s in after["stats"].values()} == {1}
+    out_bytes = 256 * 1024 * F32  # the one published forward's Dense(1024), batch 256
+    assert 2 * out_bytes <= after["stats"]["fc"]["peak_increase"] <= 2 * out_bytes + 2 * SLACK_PER_TENSOR
+
+
+@pytest.mark.timeout(300)
+def test_a_forward_that_raises_is_counted_and_the_model_runs_on(results: dict[str, Any]) -> None:
+    b = results["behaviour"]
+    assert b["raised"] is True  # the model's own exception, unchanged
+    after = b["after_failure"]
+    assert after["status"]["forward_errors"] == 1 and after["status"]["hook_errors"] == 0
+    assert after["status"]["forwards"] == 9
+    # the failed forward and the one after it are both attributed (the failure's layers flagged raised)
+    assert {s["calls"] for s in after["stats"].values()} == {3}
+
+
+@pytest.mark.timeout(300)
+def test_an_instance_call_set_before_instrument_comes_back(results: dict[str, Any]) -> None:
+    assert results["behaviour"]["own_call_restored"] is True

@@ -235,14 +235,6 @@ class TfInstrumentation(Instrumentation):
         state.overlapped = self._tls.overlapped
         return state
 
-    def _shape(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, int] | None:
-        try:
-            return self.capacity.features(args, kwargs)  # type: ignore[union-attr]
-        except Exception as e:  # a user's shape_of that raises: counted, the forward unmodelled
-            self.capacity.shape_errors += 1  # type: ignore[union-attr]
-            self._count_error("shape_of", e)
-            return None
-
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         _OPEN.close()
         state = tls.state
@@ -262,11 +254,7 @@ class TfInstrumentation(Instrumentation):
                 self._count_error("finish", e)
             self_time += state.self_time_s
         end = _perf_counter()
-        self_time += end - t
-        attributed = state is not None and not state.root_only
-        self.scheduler.record(end - tls.start_s, attributed, self_time)
-        done = state if attributed else None  # a root reading is no attributed forward to observers
-        self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
+        self._forward_ended(state, end - tls.start_s, self_time + end - t, raised, exc)
 
 
 class _NoInstanceCall:

@@ -300,14 +300,6 @@ class TorchInstrumentation(Instrumentation):
             finally:
                 tls.busy = False
 
-    def _shape(self, args: Any, kwargs: dict[str, Any] | None) -> dict[str, int] | None:
-        try:
-            return self.capacity.features(tuple(args), kwargs or {})  # type: ignore[union-attr]
-        except Exception as e:  # a user's shape_of that raises: counted, the forward unmodelled
-            self.capacity.shape_errors += 1  # type: ignore[union-attr]
-            self._count_error("shape_of", e)
-            return None
-
     def _owns(self, module: nn.Module, path: str) -> bool:
         # a deep copy of the model carries our hook dicts: its modules are not ours to count
         return (self._root_key if path == "" else self._path_keys.get(path)) == id(module)
@@ -342,10 +334,7 @@ class TorchInstrumentation(Instrumentation):
                 if not cap.cancelled:
                     self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
-        attributed = state is not None and not state.root_only
-        self.scheduler.record(end - tls.start_s, attributed, self_time)
-        done = state if attributed else None  # a root reading is no attributed forward to observers
-        self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
+        self._forward_ended(state, end - tls.start_s, self_time, raised, exc)
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
