@@ -36,8 +36,8 @@ from .windows import WindowFigures, WindowedPeaks
 
 
 _DROP_WHY = {
-    "concurrent": "another forward ran on the process meanwhile, and the CUDA allocator's statistics "
-                  "read at module boundaries are the device's, shared by every thread",
+    "concurrent": "another forward ran on the process meanwhile, and the allocator statistics read at "
+                  "layer boundaries (CUDA's, TensorFlow's) are the device's, shared by every thread",
     "trace_lost": "the CUDA allocator trace could not give the forward's events",
 }
 
