@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
+from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
 
 # MiB-sized activations: TF's CPU allocator counts those exactly (see the test's tolerance)
 BATCH = 256
@@ -198,12 +199,27 @@ def behaviour() -> dict[str, Any]:
     return out
 
 
+def counter() -> dict[str, Any]:
+    """The counter alone, around tensors of known size: levels and peaks since each read."""
+    c = TfAllocatorCounter("CPU:0")
+    r0 = c.read_and_reset()
+    a = tf.ones((1024, 1024))   # 4 MiB, kept
+    b = a + 1.0                 # 4 MiB more, then freed: a transient
+    del b
+    r1 = c.read_and_reset()
+    r2 = c.read_and_reset()     # nothing happened since r1: the peak window starts at the level
+    del a
+    r3 = c.read_and_reset()
+    return {"r0": list(r0), "r1": list(r1), "r2": list(r2), "r3": list(r3)}
+
+
 def main(names: list[str]) -> None:
     assert keras.backend.backend() == "tensorflow", keras.backend.backend()
     for name in names or list(CASES):
         print("RESULT " + json.dumps({"case": name, **run_case(name, CASES[name])}), flush=True)
     if not names:
         print("BEHAVIOUR " + json.dumps(behaviour()), flush=True)
+        print("COUNTER " + json.dumps(counter()), flush=True)
     print("VERSIONS " + json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__,
                                     "torch_imported": "torch" in sys.modules}), flush=True)
     mp.shutdown(5)

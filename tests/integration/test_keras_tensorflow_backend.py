@@ -63,6 +63,8 @@ def results() -> dict[str, Any]:
         out[r["case"]] = r
     behaviour = [line for line in proc.stdout.splitlines() if line.startswith("BEHAVIOUR ")]
     out["behaviour"] = json.loads(behaviour[0][len("BEHAVIOUR "):])
+    counter = [line for line in proc.stdout.splitlines() if line.startswith("COUNTER ")]
+    out["counter"] = json.loads(counter[0][len("COUNTER "):])
     versions = [line for line in proc.stdout.splitlines() if line.startswith("VERSIONS ")]
     out["versions"] = json.loads(versions[0][len("VERSIONS "):])
     return out
@@ -176,3 +178,20 @@ def test_a_forward_that_raises_is_counted_and_the_model_runs_on(results: dict[st
 @pytest.mark.timeout(300)
 def test_an_instance_call_set_before_instrument_comes_back(results: dict[str, Any]) -> None:
     assert results["behaviour"]["own_call_restored"] is True
+
+
+@pytest.mark.timeout(300)
+def test_the_counter_reads_level_and_peak_since_its_last_read(results: dict[str, Any]) -> None:
+    c = results["counter"]
+    base = c["r0"][0]
+    # Reading(allocated, reserved, peak, allocations, frees, fragmentation): a 4 MiB tensor kept,
+    # a second one made and freed in between
+    allocated, reserved, peak, allocations, frees, fragmentation = c["r1"][:6]
+    assert 4 * MIB <= allocated - base <= 4 * MIB + SLACK_PER_TENSOR
+    assert reserved == allocated  # TF reports no reserved figure: its level stands for it
+    assert 8 * MIB <= peak - base <= 8 * MIB + 2 * SLACK_PER_TENSOR
+    assert (allocations, frees, fragmentation) == (0, 0, None)
+    # the read reset the peak: the next window, with nothing done, peaks at the level
+    assert c["r2"][2] == c["r2"][0] == allocated
+    # the kept tensor freed: the level is back, the window's peak is the level it started at
+    assert c["r3"][0] == base and c["r3"][2] == allocated
