@@ -154,6 +154,11 @@ class Instrumentation:
 
     # ---- figures ---------------------------------------------------------------------------
     @property
+    def attribution_method(self) -> str:
+        """What the per-layer figures are read from (the summary's ``method``)."""
+        return "cuda caching allocator" if self.last_device.startswith("cuda") else "tensor ledger"
+
+    @property
     def overhead_seconds(self) -> float:
         """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
         return self.scheduler.state().attribution_seconds

@@ -80,6 +80,7 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
 
     h = mp.instrument(model, name=name, **ATTRIBUTE_EVERY)
     out["device"] = h.last_device
+    out["method"] = h.summary_dict()["method"]
     outs = [model(x).numpy() for _ in range(FORWARDS)]
     out["stats"] = _stats(h)
     out["forwards"] = h.status()["forwards"]

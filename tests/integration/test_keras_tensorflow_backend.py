@@ -78,6 +78,7 @@ def test_every_keras_layer_has_its_path_and_every_eager_call_counts(results: dic
     assert all(s["calls"] == FORWARDS for s in r["stats"].values())
     assert r["forwards"] == FORWARDS and r["unattributed"] == {}
     assert r["device"] == "cpu"
+    assert r["method"] == "tensorflow allocator statistics"
 
 
 @pytest.mark.timeout(300)

@@ -135,6 +135,10 @@ class TfInstrumentation(Instrumentation):
     def layer_count(self) -> int:
         return len(self._paths)
 
+    @property
+    def attribution_method(self) -> str:
+        return "tensorflow allocator statistics"
+
     def object_paths(self) -> dict[int, str]:
         model = self._model_ref()
         return {id(layer): p for p, layer in keras_layer_paths(model)} if model is not None else {}
