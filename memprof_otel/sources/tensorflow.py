@@ -7,10 +7,11 @@ the same one-register model as CUDA's caching allocator, so ``read_and_reset`` h
 ``CudaAllocatorSource.read_and_reset`` (level and peak since the previous read, then the peak
 reset), which ``attribution/peaks.py`` folds into nested frames.
 
-What TF counts: the bytes its allocator hands out, rounded to the allocator's sizes, not tensor
-sizes. On CPU (TF 2.21, default allocator) an allocation of a few KiB is not counted at all, one of
-1 MB counts ~192 bytes more, and the first allocations of a size may count a larger block; MB-sized
-activations are exact. Everything the device's allocator serves is counted, whichever thread or
+What TF counts: the blocks its allocator hands out, not tensor sizes. On CPU (TF 2.21, default
+allocator) an allocation of a few KiB is not counted at all, one of 1 MB counts ~192 bytes more,
+and a request served from a larger free block counts the whole block (a 2 MiB tensor counted as
+3 MiB, a 4 MiB one as 7 MiB after other models had run in the process); MiB-sized activations are
+usually exact. Everything the device's allocator serves is counted, whichever thread or
 model asked: the figures are the device's, shared by every thread (the adapter drops a forward that
 overlapped another). Our resets move TF's own peak register: a host application that reads
 ``get_memory_info()["peak"]`` sees the peak since our last boundary.

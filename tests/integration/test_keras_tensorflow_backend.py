@@ -7,8 +7,9 @@ child process (``keras_tf_child.py``) under the interpreter named by ``MEMPROF_O
 (``scripts/install-and-test.sh`` builds ``.venv-tf`` with ``tensorflow-cpu`` and sets it), with
 this repository on ``PYTHONPATH``. Without the variable the module is skipped, saying so.
 
-Two models: a Sequential with a nested Sequential, and a functional model calling a nested
-functional model (a layer named ``d`` in each). Checked: the layer paths (written below from the
+Three models: a Sequential with a nested Sequential, a functional model calling a nested functional
+model (a layer named ``d`` in each), and a subclassed model with layers in a list and custom layers
+holding a sublayer. Checked: the layer paths (written below from the
 model definitions), each Dense layer's figures against the sizes of its tensors, bit-identical
 outputs, a ``tf.function`` that is neither traced again nor measured per layer, nothing left on the
 layers after ``uninstrument()``, the endpoint's ``/metrics``, and no torch in the child.
@@ -35,39 +36,49 @@ MIB = 1 << 20
 # TF counts what its allocator hands out for a request, not the tensor's size: alignment and block
 # rounding. For MiB-sized float32 tensors it was measured exact, and at most 192 bytes over for a
 # 1 MB request; 32 KiB a tensor leaves room for that rounding only: one tensor more or less than
-# the arithmetic below is at least 1 MiB off (every activation here is 1-4 MiB).
+# the arithmetic below is at least 1 MiB off (every activation here is 1-4 MiB). The subclassed
+# model's forward was not always exact even in a fresh process: its 2 MiB ReLU output sometimes
+# counted 3 MiB (the allocator handing over a larger free block, which it counts whole; with
+# TF_CPU_ALLOCATOR_USE_BFC=1 a 1 MiB Dense output once counted 0.97 MiB more). Its figures get
+# 1 MiB a tensor: a missing or extra 2 or 4 MiB tensor still fails, a 1 MiB one may not.
 SLACK_PER_TENSOR = 32 * 1024
+SLACK = {"sequential": SLACK_PER_TENSOR, "functional": SLACK_PER_TENSOR, "subclassed": MIB}
 
 # the paths each model's definition gives (keras_tf_child.py), joined with "."
 EXPECTED = {
     "sequential": {"", "d1", "inner", "inner.d_in", "inner.act"},
     "functional": {"", "d", "submodel", "submodel.hid", "submodel.d"},
+    "subclassed": {"", "stem", "block_a", "block_a.fc", "block_b", "block_b.fc", "head_out"},
 }
 # the layer whose output each model (and nested model) returns, and its width
-OUTPUT_UNITS = {"sequential": {"": 1024, "inner": 1024}, "functional": {"": 4096, "submodel": 4096}}
+OUTPUT_UNITS = {"sequential": {"": 1024, "inner": 1024}, "functional": {"": 4096, "submodel": 4096},
+                "subclassed": {"": 2048, "block_a": 1024, "block_b": 2048}}
 FORWARDS = 2
+
+
+def _child(section: str) -> dict[str, Any]:
+    """Run one section of keras_tf_child.py in a process of its own and return its JSON line.
+
+    One process per section: TF's CPU allocator serves a request from the free block it finds and
+    counts the block, so blocks an earlier section left behind can make a later tensor count more
+    than its size (a 4 MiB tensor counted as a 7 MiB block, measured when all sections shared one
+    process). Each in a fresh process, every figure below was the tensors' sizes exactly."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([str(TF_PYTHON), str(Path(REPO) / "tests" / "integration" / "keras_tf_child.py"), section],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    tags = ("RESULT ", "BEHAVIOUR ", "COUNTER ")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(tags)]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stderr[-4000:]
+    versions = [line for line in proc.stdout.splitlines() if line.startswith("VERSIONS ")]
+    out: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
+    out["versions"] = json.loads(versions[0].split(" ", 1)[1])
+    return out
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, Any]:
-    """One child process runs every case (importing TensorFlow takes seconds)."""
-    env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([str(TF_PYTHON), str(Path(REPO) / "tests" / "integration" / "keras_tf_child.py")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and len(lines) == len(EXPECTED), proc.stderr[-4000:]
-    out: dict[str, Any] = {}
-    for line in lines:
-        r = json.loads(line[len("RESULT "):])
-        out[r["case"]] = r
-    behaviour = [line for line in proc.stdout.splitlines() if line.startswith("BEHAVIOUR ")]
-    out["behaviour"] = json.loads(behaviour[0][len("BEHAVIOUR "):])
-    counter = [line for line in proc.stdout.splitlines() if line.startswith("COUNTER ")]
-    out["counter"] = json.loads(counter[0][len("COUNTER "):])
-    versions = [line for line in proc.stdout.splitlines() if line.startswith("VERSIONS ")]
-    out["versions"] = json.loads(versions[0][len("VERSIONS "):])
-    return out
+    """Every case, the behaviour section and the counter section (importing TF takes seconds each)."""
+    return {section: _child(section) for section in [*sorted(EXPECTED), "behaviour", "counter"]}
 
 
 @pytest.mark.timeout(300)
@@ -90,12 +101,12 @@ def test_dense_figures_are_the_sizes_of_its_tensors(results: dict[str, Any], cas
         s = r["stats"][path]
         # a Dense without activation makes x @ kernel, then adds the bias into a second tensor of
         # the same size while the first is alive; it returns the second
-        assert 2 * out_bytes <= s["peak_increase"] <= 2 * out_bytes + 2 * SLACK_PER_TENSOR, (path, s)
-        assert out_bytes <= s["retained"] <= out_bytes + SLACK_PER_TENSOR, (path, s)
+        assert 2 * out_bytes <= s["peak_increase"] <= 2 * out_bytes + 2 * SLACK[case], (path, s)
+        assert out_bytes <= s["retained"] <= out_bytes + SLACK[case], (path, s)
     # a model (and a nested one) keeps exactly its output; its peak covers each of its layers'
     for path, units in OUTPUT_UNITS[case].items():
         out_bytes = r["batch"] * units * F32
-        assert out_bytes <= r["stats"][path]["retained"] <= out_bytes + SLACK_PER_TENSOR, path
+        assert out_bytes <= r["stats"][path]["retained"] <= out_bytes + SLACK[case], path
         below = [p for p in EXPECTED[case] if p != path and (path == "" or p.startswith(path + "."))]
         assert r["stats"][path]["peak_increase"] >= max(r["stats"][p]["peak_increase"] for p in below)
 
@@ -149,8 +160,9 @@ def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(300)
 def test_the_child_never_imported_torch(results: dict[str, Any]) -> None:
-    assert results["versions"]["torch_imported"] is False
-    assert results["versions"]["tensorflow"].startswith("2.")
+    for section in results.values():
+        assert section["versions"]["torch_imported"] is False
+        assert section["versions"]["tensorflow"].startswith("2.")
 
 
 @pytest.mark.timeout(300)
