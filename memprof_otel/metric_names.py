@@ -218,7 +218,7 @@ METRICS: tuple[MetricDef, ...] = (
               "Timeline events dropped because the buffer was full", ("model",)),
     MetricDef("memprof_forwards_unattributed_total", "memprof.forwards.unattributed", "{forward}", "counter",
               "Attributed forwards whose per-layer figures were dropped rather than published wrong, by "
-              "reason (concurrent: CUDA allocator statistics read while another forward ran; trace_lost: "
+              "reason (concurrent: CUDA or TensorFlow allocator statistics read while another forward ran; trace_lost: "
               "the allocator trace could not give the forward's events)", ("model", "reason")),
     MetricDef("memprof_export_errors_total", "memprof.export_errors", "{error}", "counter",
               "Failed exports", ("exporter",)),

@@ -20,6 +20,13 @@ torch_index=()
 .venv/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
   "${TORCH_SPEC:-torch==2.13.0}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
+# Keras on the TensorFlow backend runs in a venv of its own: tensorflow pins its numpy and protobuf,
+# and tensorflow or keras must never enter .venv (keras there is the dev extra, on torch). There
+# memprof-otel is installed from this tree with its runtime dependencies only (no extra: no torch).
+# TF_SPEC overrides the pin.
+[ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
+.venv-tf/bin/python -m pip install -q --disable-pip-version-check "${TF_SPEC:-tensorflow-cpu==2.21.0}" -e .
+export MEMPROF_OTEL_TF_PYTHON="$PWD/.venv-tf/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -5,8 +5,9 @@ only exist once torch is imported, so ``sys.modules`` says whether to look, and 
 memprof_otel``, the endpoint, the exporters and the CLI run in an image without torch.
 
 A Keras 3 model on the torch backend is a ``torch.nn.Module``: the torch adapter takes it and reads
-its layer tree from Keras (``keras_tree.py``). On the other backends it is no framework object we
-instrument yet; it is recognised by its classes' names, with no import, to say so.
+its layer tree from Keras (``keras_tree.py``). On the TensorFlow backend it is no ``tf.Module``: it
+is recognised by its classes' names, with no import (a model of it exists only once TensorFlow is
+imported), and the TensorFlow adapter takes it. On JAX it is not instrumented; the error says so.
 """
 from __future__ import annotations
 
@@ -29,9 +30,14 @@ def _is_torch_module(model: Any) -> bool:
     return torch is not None and isinstance(model, torch.nn.Module)
 
 
+def _is_keras_on_tensorflow(model: Any) -> bool:
+    return is_keras_layer(model) and keras_backend_of(model) == "tensorflow"
+
+
 # (framework, is one of its models, the adapter module with its ``attach``)
 _ADAPTERS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("torch", _is_torch_module, "memprof_otel.attribution.torch.instrumentation"),
+    ("tensorflow", _is_keras_on_tensorflow, "memprof_otel.attribution.tensorflow.instrumentation"),
 )
 
 
@@ -42,13 +48,15 @@ def adapter_for(model: Any) -> Attach:
         if matches(model):
             return importlib.import_module(module).attach  # type: ignore[no-any-return]
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
-    takes = "instrument() takes a PyTorch model (a torch.nn.Module, a Keras 3 model on the torch backend included)"
+    takes = ("instrument() takes a PyTorch model (a torch.nn.Module, a Keras 3 model on the torch "
+             "backend included) or a Keras 3 model on the TensorFlow backend")
     if is_keras_layer(model):
-        # a Keras model on another backend: say which, and how to get one we instrument
+        # a Keras model on another backend (JAX): say which, what runs, and how to get per-layer figures
         backend = keras_backend_of(model) or "another"
         raise InstrumentationError(f"{takes}; got {kind}, a Keras model on the {backend} backend, which "
-                                   "is not instrumented yet: set KERAS_BACKEND=torch before keras is "
-                                   "imported to instrument it")
+                                   "is not instrumented: the process series (start_monitoring()) still "
+                                   "measure it; set KERAS_BACKEND=torch or tensorflow before keras is "
+                                   "imported for per-layer figures")
     raise InstrumentationError(f"{takes}; got {kind}")
 
 

@@ -36,8 +36,8 @@ from .windows import WindowFigures, WindowedPeaks
 
 
 _DROP_WHY = {
-    "concurrent": "another forward ran on the process meanwhile, and the CUDA allocator's statistics "
-                  "read at module boundaries are the device's, shared by every thread",
+    "concurrent": "another forward ran on the process meanwhile, and the allocator statistics read at "
+                  "layer boundaries (CUDA's, TensorFlow's) are the device's, shared by every thread",
     "trace_lost": "the CUDA allocator trace could not give the forward's events",
 }
 
@@ -153,6 +153,11 @@ class Instrumentation:
 
 
     # ---- figures ---------------------------------------------------------------------------
+    @property
+    def attribution_method(self) -> str:
+        """What the per-layer figures are read from (the summary's ``method``)."""
+        return "cuda caching allocator" if self.last_device.startswith("cuda") else "tensor ledger"
+
     @property
     def overhead_seconds(self) -> float:
         """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
@@ -318,6 +323,25 @@ class Instrumentation:
                 if overflow > 0:
                     self.events_dropped += overflow
                 self._events.extend(state.events)
+
+    def _shape(self, args: Any, kwargs: dict[str, Any] | None) -> Features | None:
+        """The forward's shape features for the memory model (``capacity`` on), None when a user's
+        ``shape_of`` raised: counted, the forward unmodelled."""
+        try:
+            return self.capacity.features(tuple(args), kwargs or {})  # type: ignore[union-attr]
+        except Exception as e:
+            self.capacity.shape_errors += 1  # type: ignore[union-attr]
+            self._count_error("shape_of", e)
+            return None
+
+    def _forward_ended(self, state: ForwardState | None, duration_s: float, self_time_s: float,
+                       raised: bool, exc: BaseException | None) -> None:
+        """Charge a finished forward to the scheduler and tell the observers; ``state`` None when it
+        was not measured. A root reading (memory model only) is no attributed forward to either."""
+        attributed = state is not None and not state.root_only
+        self.scheduler.record(duration_s, attributed, self_time_s)
+        done = state if attributed else None
+        self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
 
     def _notify(self, event: Callable[[ForwardObserver], object]) -> None:
         """Tell every observer of ``event``: one that raises is counted (``hook_errors``) and

@@ -11,6 +11,7 @@ class SummarySubject(Protocol):
 
     name: str
     last_device: str
+    attribution_method: str  # what the per-layer figures are read from ("tensor ledger", ...)
     forward_errors: int
     hook_errors: int
     events_dropped: int
@@ -53,7 +54,7 @@ def summary_dict(h: SummarySubject, top: int = 10) -> dict[str, Any]:
     return {
         "model": h.name,
         "device": h.last_device,
-        "method": "cuda caching allocator" if h.last_device.startswith("cuda") else "tensor ledger",
+        "method": h.attribution_method,
         "forwards": st.forwards,
         "attributed_forwards": st.attributed,
         "forward_errors": h.forward_errors,

@@ -272,6 +272,14 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     bindir = tmp_path / ".venv" / "bin"
     bindir.mkdir(parents=True)
     (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    # the TensorFlow venv's interpreter: records its arguments and the environment pytest gets
+    tf_log = tmp_path / "tf_calls.log"
+    tf_bindir = tmp_path / ".venv-tf" / "bin"
+    tf_bindir.mkdir(parents=True)
+    (tf_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tf_log}\n')
+    (tf_bindir / "python").chmod(0o755)
+    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_OTEL_TF_PYTHON" >> {tf_log}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -287,6 +295,10 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     return log.read_text().splitlines()
 
 
+def _tf_venv_calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "tf_calls.log").read_text().splitlines()
+
+
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
     torch_line, project_line, pytest_line = calls
@@ -299,3 +311,14 @@ def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
 def test_install_script_without_an_index_uses_pips_own(tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0"})
     assert "--index-url" not in calls[0] and calls[0].endswith("torch==2.14.0")
+
+
+def test_install_script_puts_tensorflow_in_its_own_venv_and_names_it_to_the_tests(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {})
+    # tensorflow never goes into .venv (keras there is the dev extra, on the torch backend)
+    assert not any("tensorflow" in c for c in calls)
+    install, tests_env = _tf_venv_calls(tmp_path)
+    # pinned, with memprof-otel from this tree and its runtime dependencies only (no extra)
+    assert install.startswith("-m pip install") and "tensorflow-cpu==2.21.0" in install
+    assert install.endswith(" -e .")
+    assert tests_env == f"TF={tmp_path / '.venv-tf' / 'bin' / 'python'}"

@@ -8,7 +8,6 @@ pushes the tensor ledger; the root post-hook undoes both and folds the calls int
 from __future__ import annotations
 
 import itertools
-import logging
 import sys
 import threading
 import time
@@ -26,21 +25,21 @@ from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_cal
 from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
 from ..._torch_compat import skip_code as _skip_code
 from ...capacity.shapes import ShapeOf
-from ...config import Config, load_config
+from ...config import Config
 from ...dumps.capture import Capture
-from ...errors import AlreadyInstrumented, InstrumentationError
+from ...errors import InstrumentationError
 from ..keras_tree import is_keras_layer, keras_layer_paths
 from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from .. import registry as live
+from ..attaching import attach_handle, forget, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
-from ..selection import OTHER, filters_selecting_nothing, select_layers
+from ..selection import OTHER
 from ..traced_forward import TracedForwardState
 
-_log = logging.getLogger("memprof_otel")
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, TorchInstrumentation]" = weakref.WeakKeyDictionary()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
@@ -60,13 +59,6 @@ def _share_counter(state: ForwardState, shared: bool) -> None:
     has one open; ours is in ``_open_threads`` already) and again at its end (``_dropped``)."""
     state.shared_counter = shared
     state.overlapped = shared and len(_open_threads) > 1
-
-
-def _example_paths(mods: dict[str, Any], n: int = 4) -> str:
-    """A few module paths of the model, so a filter that matches nothing can be fixed at once."""
-    paths = [p for p in mods if p]
-    more = f", ... {len(paths)} in all" if len(paths) > n else ""
-    return "its paths look like " + ", ".join(repr(p) for p in paths[:n]) + more if paths else "no submodules"
 
 
 class _ThreadLocal(threading.local):
@@ -93,14 +85,7 @@ class TorchInstrumentation(Instrumentation):
         acfg = config.attribution
         # torch.compile(m) wraps m: layer paths are m's own (no "_orig_mod." prefix)
         tree = model._orig_mod if isinstance(model, _OptimizedModule) else model
-        mods = dict(_layer_paths(tree))
-        named = select_layers(mods, max_depth=acfg.max_depth, include=acfg.include,
-                              exclude=acfg.exclude, max_layers=acfg.max_layers)
-        for problem in filters_selecting_nothing(mods, max_depth=acfg.max_depth, include=acfg.include,
-                                                 exclude=acfg.exclude):
-            _log.warning("memprof_otel: model %r: %s (%s); unselected layers count in their nearest "
-                         "tracked ancestor", name, problem, _example_paths(mods))
-        self._paths: dict[int, str] = {id(mods[p]): label for p, label in named.items()}
+        self._paths: dict[int, str] = tracked_layers(dict(_layer_paths(tree)), name, acfg)
         self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)
         self._path_keys: dict[str, int] = {label: key for key, label in self._paths.items()}
@@ -202,9 +187,7 @@ class TorchInstrumentation(Instrumentation):
             self._attach(model)
 
     def _forget_model(self) -> None:
-        model = self._model_ref()
-        if model is not None and _INSTRUMENTED.get(model) is self:
-            del _INSTRUMENTED[model]
+        forget(_INSTRUMENTED, self._model_ref(), self)
 
     def object_paths(self) -> dict[int, str]:
         """``id(module) -> module path`` for every module of the model, tracked or not (for a
@@ -317,14 +300,6 @@ class TorchInstrumentation(Instrumentation):
             finally:
                 tls.busy = False
 
-    def _shape(self, args: Any, kwargs: dict[str, Any] | None) -> dict[str, int] | None:
-        try:
-            return self.capacity.features(tuple(args), kwargs or {})  # type: ignore[union-attr]
-        except Exception as e:  # a user's shape_of that raises: counted, the forward unmodelled
-            self.capacity.shape_errors += 1  # type: ignore[union-attr]
-            self._count_error("shape_of", e)
-            return None
-
     def _owns(self, module: nn.Module, path: str) -> bool:
         # a deep copy of the model carries our hook dicts: its modules are not ours to count
         return (self._root_key if path == "" else self._path_keys.get(path)) == id(module)
@@ -359,10 +334,7 @@ class TorchInstrumentation(Instrumentation):
                 if not cap.cancelled:
                     self._capture_done(cap)  # never raises: errors are counted
         self_time += end - t
-        attributed = state is not None and not state.root_only
-        self.scheduler.record(end - tls.start_s, attributed, self_time)
-        done = state if attributed else None  # a root reading is no attributed forward to observers
-        self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
+        self._forward_ended(state, end - tls.start_s, self_time, raised, exc)
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -774,25 +746,11 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_
     does this, then hands the handle to the process runtime. ``config`` None: defaults + env."""
     if not isinstance(model, nn.Module):
         raise InstrumentationError(f"instrument() needs a torch.nn.Module, got {type(model).__name__}")
-    if isinstance(config, Config) and not overrides:
-        cfg = config
-    else:  # strict; mp.instrument resolves the config tolerantly (bad env left out) before this
-        cfg = load_config(config, **overrides)
-    if name is not None and (not isinstance(name, str) or not name):
-        raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
-    existing = _INSTRUMENTED.get(model)
-    if existing is not None and not existing._closed:
-        raise AlreadyInstrumented(f"this {type(model).__name__} is already instrumented as "
-                                  f"{existing.name!r}; call uninstrument() on that handle first")
     if isinstance(model, nn.TransformerEncoderLayer):
         rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
                              "loses its fused fast path to our root hook; instrument its parent")
-    if shape_of is not None and not callable(shape_of):
-        raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
-                                   f"got {type(shape_of).__name__}")
-    h = live.register(name, type(model).__name__,
-                                     lambda chosen: TorchInstrumentation(model, chosen, cfg, shape_of))
-    _INSTRUMENTED[model] = h
+    h = attach_handle(model, name, config, shape_of, overrides, _INSTRUMENTED,
+                      lambda chosen, cfg: TorchInstrumentation(model, chosen, cfg, shape_of))
     _report_degradations(h)
     return h
 

@@ -7,10 +7,12 @@ module under ``keras.``, a ``name``, and ``_flatten_layers(include_self=False, r
 from __future__ import annotations
 
 import sys
+import types
 from typing import Any
 
 import pytest
 
+from memprof_otel.attribution import frameworks
 from memprof_otel.attribution.frameworks import adapter_for
 from memprof_otel.attribution.keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
 from memprof_otel.attribution.selection import select_layers
@@ -187,6 +189,23 @@ def test_a_keras_model_on_another_backend_is_refused_naming_the_backend() -> Non
         adapter_for(jax_model)
     msg = str(e.value)
     assert "torch.nn.Module" in msg and "jax backend" in msg and "KERAS_BACKEND=torch" in msg
+    # what still measures it, and that the TensorFlow backend is taken
+    assert "process series" in msg and "TensorFlow backend" in msg
+
+
+def test_a_keras_model_on_the_tensorflow_backend_goes_to_the_tensorflow_adapter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    tf_model = _keras_class("Layer", "keras.src.layers.layer",
+                            _Base, _keras_class("TFLayer", "keras.src.backend.tensorflow.layer"))("m")
+    imported: list[str] = []
+
+    def fake_import(name: str) -> Any:  # tensorflow is not in this environment: only the choice is checked
+        imported.append(name)
+        return types.SimpleNamespace(attach="the tensorflow attach")
+
+    monkeypatch.setattr(frameworks.importlib, "import_module", fake_import)
+    assert adapter_for(tf_model) == "the tensorflow attach"
+    assert imported == ["memprof_otel.attribution.tensorflow.instrumentation"]
 
 
 def test_other_objects_are_refused_naming_their_type() -> None:

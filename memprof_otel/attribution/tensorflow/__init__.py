@@ -1,0 +1,1 @@
+"""The TensorFlow adapter: Keras 3 models on the TensorFlow backend."""

@@ -1,0 +1,268 @@
+"""Run by ``test_keras_tensorflow_backend.py`` with the TensorFlow interpreter
+(``MEMPROF_OTEL_TF_PYTHON``, ``KERAS_BACKEND=tensorflow``, ``PYTHONPATH`` = the repository): the test
+process has no TensorFlow and never imports keras, whose backend is fixed at its first import.
+
+For each model of ``CASES`` it prints one ``RESULT <json>`` line with what the test asserts on: the
+per-layer figures of eager forwards, whether outputs are bit-identical, what a ``tf.function`` and a
+compiled ``predict`` do while instrumented, what is left on the layers after ``uninstrument()``,
+and (for the Sequential case) what the endpoint shows. Nothing here decides pass or fail.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is imported: it reads the backend once
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import urllib.request  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import memprof_otel as mp  # noqa: E402
+from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
+
+# MiB-sized activations: TF's CPU allocator counts those exactly (see the test's tolerance)
+BATCH = 256
+FEATURES = 1024
+FORWARDS = 2
+ATTRIBUTE_EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
+
+# a case: (model, {path of a Dense written from the definition: its units}). In the Sequential a
+# wide layer comes first: a peak left over from it must not count for the narrower layer after it
+Case = tuple[Any, dict[str, int]]
+
+
+def sequential_case() -> Case:
+    """A Sequential holding a nested Sequential."""
+    inner = keras.Sequential([keras.layers.Dense(1024, name="d_in"), keras.layers.ReLU(name="act")],
+                             name="inner")
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(4096, name="d1"), inner],
+                             name="outer")
+    return model, {"d1": 4096, "inner.d_in": 1024}
+
+
+def functional_case() -> Case:
+    """A functional model calling a nested functional model; both have a layer named ``d``."""
+    sub_in = keras.Input((2048,))
+    submodel = keras.Model(sub_in, keras.layers.Dense(4096, name="d")(keras.layers.Dense(1024, name="hid")(sub_in)),
+                           name="submodel")
+    inp = keras.Input((FEATURES,))
+    model = keras.Model(inp, submodel(keras.layers.Dense(2048, name="d")(inp)), name="func")
+    return model, {"d": 2048, "submodel.hid": 1024, "submodel.d": 4096}
+
+
+class Block(keras.layers.Layer):
+    """A custom layer with a sublayer: ``summary()`` does not expand it, attribution does."""
+
+    def __init__(self, units: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fc = keras.layers.Dense(units, name="fc")
+
+    def call(self, x: Any) -> Any:
+        return self.fc(x)
+
+
+class Net(keras.Model):
+    """A subclassed model: layers as attributes and in a list, a Keras name with a dot."""
+
+    def __init__(self) -> None:
+        super().__init__(name="net")
+        self.stem = keras.layers.Dense(4096, name="stem")
+        self.blocks = [Block(1024, name="block_a"), Block(2048, name="block_b")]
+        self.head = keras.layers.ReLU(name="head.out")  # the path says "head_out"
+
+    def call(self, x: Any) -> Any:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def subclassed_case() -> Case:
+    return Net(), {"stem": 4096, "block_a.fc": 1024, "block_b.fc": 2048}
+
+
+CASES: dict[str, Callable[[], Case]] = {"sequential": sequential_case, "functional": functional_case,
+                                        "subclassed": subclassed_case}
+
+
+def _stats(h: Any) -> dict[str, dict[str, int]]:
+    return {p: {"peak_increase": s.peak_increase, "retained": s.retained, "calls": s.calls}
+            for p, s in h.layer_stats().items()}
+
+
+def _all_layers(model: Any) -> list[Any]:
+    """Every layer object of the model, by Keras's own recursive walk (not the library's)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))
+
+
+def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
+    model, dense = build()
+    x = tf.constant(np.random.default_rng(0).standard_normal((BATCH, FEATURES)).astype("float32"))
+    plain = model(x).numpy()  # uninstrumented; builds the weights before we measure
+    plain_graph_fn = tf.function(lambda t: model(t))
+    plain_graph = plain_graph_fn(x).numpy()  # traced on the plain model, before instrument()
+    out: dict[str, Any] = {"dense_units": dense, "batch": BATCH}
+
+    h = mp.instrument(model, name=name, **ATTRIBUTE_EVERY)
+    out["device"] = h.last_device
+    out["method"] = h.summary_dict()["method"]
+    outs = [model(x).numpy() for _ in range(FORWARDS)]
+    out["stats"] = _stats(h)
+    out["forwards"] = h.status()["forwards"]
+    out["unattributed"] = dict(h.unattributed)
+    out["bit_identical"] = all(np.array_equal(o, plain) for o in outs)
+
+    # tf.function while instrumented: the wrappers run only while it is traced, outside eager
+    before = _stats(h)
+    fn = tf.function(lambda t: model(t))
+    graph_outs = [fn(x).numpy() for _ in range(3)]
+    out["tf_function"] = {
+        "tracing_count": fn.experimental_get_tracing_count(),
+        "calls_added": {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()},
+        "forwards_added": h.status()["forwards"] - out["forwards"],
+        "bit_identical_to_plain_graph": all(np.array_equal(o, plain_graph) for o in graph_outs),
+        # the function traced on the plain model before instrument(): not traced again, same result
+        "plain_fn_tracing_count": plain_graph_fn.experimental_get_tracing_count(),
+        "plain_fn_bit_identical": bool(np.array_equal(plain_graph_fn(x).numpy(), plain_graph)),
+    }
+    out["tf_function"]["plain_fn_tracing_count_after"] = plain_graph_fn.experimental_get_tracing_count()
+
+    # compiled predict (a tf.function inside Keras): no per-layer figures either
+    model.compile()
+    before = _stats(h)
+    predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
+    out["predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
+    out["predict_allclose"] = bool(np.allclose(predicted, plain, rtol=1e-5, atol=1e-5))
+
+    # predict() compiled with run_eagerly=True calls the model eagerly per batch: each is a forward
+    model.compile(run_eagerly=True)
+    before = _stats(h)
+    eager_predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
+    out["eager_predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
+    out["eager_predict_allclose"] = bool(np.allclose(eager_predicted, plain, rtol=1e-5, atol=1e-5))
+
+    if name == "sequential":
+        out.update(_endpoint(h))
+    h.pause()
+    out["paused_instance_calls"] = sum("call" in layer.__dict__ for layer in _all_layers(model))
+    h.resume()
+    out["resumed_instance_calls"] = sum("call" in layer.__dict__ for layer in _all_layers(model))
+    h.uninstrument()
+    out["layers"] = len(_all_layers(model))
+    out["instance_calls_after"] = [layer.name for layer in _all_layers(model) if "call" in layer.__dict__]
+    out["bit_identical_after"] = bool(np.array_equal(model(x).numpy(), plain))
+    return out
+
+
+def _endpoint(h: Any) -> dict[str, Any]:
+    srv = mp.serve(port=0)
+    try:
+        get = lambda path: urllib.request.urlopen(srv.url + path, timeout=10).read().decode()  # noqa: E731
+        return {"http_layers": sorted(json.loads(get("/v1/layers"))["models"][h.name]["layers"]),
+                "metrics": get("/metrics")}
+    finally:
+        srv.close()
+
+
+class Meet(keras.layers.Layer):
+    """Holds each eager call until ``parties`` threads are inside one (a forced overlap), or raises
+    when told to: forwards that run at the same time, and one that fails, on purpose."""
+
+    def __init__(self, parties: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.barrier = threading.Barrier(parties, timeout=30)
+        self.meet = False
+        self.fail = False
+
+    def call(self, x: Any) -> Any:
+        if self.fail:
+            raise ValueError("told to fail")
+        if self.meet and tf.executing_eagerly():
+            self.barrier.wait()
+        return x
+
+
+def behaviour() -> dict[str, Any]:
+    """Threads whose forwards overlap, a forward that raises, and a layer that had an instance
+    ``call`` of its own before instrument()."""
+    meet = Meet(2, name="meet")
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1024, name="fc"), meet], name="m")
+    x = tf.constant(np.ones((BATCH, FEATURES), "float32"))
+    model(x)
+    fc = model.get_layer("fc")
+    own_call = fc.call  # a user's (or a quantizer's) instance ``call``: it must come back as it was
+    fc.call = own_call
+    h = mp.instrument(model, name="behaviour", **ATTRIBUTE_EVERY)
+    out: dict[str, Any] = {}
+
+    model(x)  # alone: attributed
+    meet.meet = True
+    rounds = 3
+
+    def run() -> None:
+        for _ in range(rounds):
+            model(x)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    meet.meet = False
+    out["after_threads"] = {"status": h.status(), "unattributed": dict(h.unattributed), "stats": _stats(h)}
+
+    meet.fail = True
+    try:
+        model(x)
+        out["raised"] = False
+    except ValueError:
+        out["raised"] = True
+    meet.fail = False
+    model(x)  # works again after the failure
+    out["after_failure"] = {"status": h.status(), "stats": _stats(h)}
+    h.uninstrument()
+    out["own_call_restored"] = fc.__dict__.get("call") is own_call
+    return out
+
+
+def counter() -> dict[str, Any]:
+    """The counter alone, around tensors of known size: levels and peaks since each read."""
+    c = TfAllocatorCounter("CPU:0")
+    r0 = c.read_and_reset()
+    a = tf.ones((1024, 1024))   # 4 MiB, kept
+    b = a + 1.0                 # 4 MiB more, then freed: a transient
+    del b
+    r1 = c.read_and_reset()
+    r2 = c.read_and_reset()     # nothing happened since r1: the peak window starts at the level
+    del a
+    r3 = c.read_and_reset()
+    return {"r0": list(r0), "r1": list(r1), "r2": list(r2), "r3": list(r3)}
+
+
+def main(names: list[str]) -> None:
+    """``names``: the cases to run, and ``behaviour``/``counter`` for those sections; all when none
+    is given. The test runs each in a process of its own: TF's CPU allocator hands a request the free
+    block it finds, and a block left by an earlier case can be larger than the tensor (it counts
+    the block)."""
+    assert keras.backend.backend() == "tensorflow", keras.backend.backend()
+    for name in names or [*CASES, "behaviour", "counter"]:
+        if name == "behaviour":
+            print("BEHAVIOUR " + json.dumps(behaviour()), flush=True)
+        elif name == "counter":
+            print("COUNTER " + json.dumps(counter()), flush=True)
+        else:
+            print("RESULT " + json.dumps({"case": name, **run_case(name, CASES[name])}), flush=True)
+    print("VERSIONS " + json.dumps({"tensorflow": tf.__version__, "keras": keras.__version__,
+                                    "torch_imported": "torch" in sys.modules}), flush=True)
+    mp.shutdown(5)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
