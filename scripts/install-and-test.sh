@@ -21,7 +21,7 @@ torch_index=()
   "${TORCH_SPEC:-torch==2.13.0}"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
 # Keras on the TensorFlow backend runs in a venv of its own: tensorflow pins its numpy and protobuf,
-# and tensorflow or keras must never enter .venv (keras there is the dev extra, on torch). There
+# and tensorflow must never enter .venv (keras is there, from the dev extra, on the torch backend). There
 # memprof-otel is installed from this tree with its runtime dependencies only (no extra: no torch).
 # TF_SPEC overrides the pin.
 [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from .._callouts import calls_application
 from ..config import CapacityConfig
-from .budget import Budget, CapacityFigures
+from .budget import CapacityFigures
 from .budget_reader import BudgetReader
 from .model import MemoryModel, Prediction
 from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
