@@ -26,7 +26,7 @@ torch_index=()
 # TF_SPEC overrides the pin.
 [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
 .venv-tf/bin/python -m pip install -q --disable-pip-version-check "${TF_SPEC:-tensorflow-cpu==2.21.0}" -e .
-export MEMPROF_OTEL_TF_PYTHON="$PWD/.venv-tf/bin/python"
+export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,5 +1,5 @@
 """Run by ``test_keras_tensorflow_backend.py`` with the TensorFlow interpreter
-(``MEMPROF_OTEL_TF_PYTHON``, ``KERAS_BACKEND=tensorflow``, ``PYTHONPATH`` = the repository): the test
+(``MEMPROF_TEST_TF_PYTHON``, ``KERAS_BACKEND=tensorflow``, ``PYTHONPATH`` = the repository): the test
 process has no TensorFlow and never imports keras, whose backend is fixed at its first import.
 
 For each model of ``CASES`` it prints one ``RESULT <json>`` line with what the test asserts on: the
@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
+from tests.integration.keras_subclassed import subclassed_net  # noqa: E402
 from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
 
 # MiB-sized activations: TF's CPU allocator counts those exactly (see the test's tolerance)
@@ -57,35 +58,8 @@ def functional_case() -> Case:
     return model, {"d": 2048, "submodel.hid": 1024, "submodel.d": 4096}
 
 
-class Block(keras.layers.Layer):
-    """A custom layer with a sublayer: ``summary()`` does not expand it, attribution does."""
-
-    def __init__(self, units: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fc = keras.layers.Dense(units, name="fc")
-
-    def call(self, x: Any) -> Any:
-        return self.fc(x)
-
-
-class Net(keras.Model):
-    """A subclassed model: layers as attributes and in a list, a Keras name with a dot."""
-
-    def __init__(self) -> None:
-        super().__init__(name="net")
-        self.stem = keras.layers.Dense(4096, name="stem")
-        self.blocks = [Block(1024, name="block_a"), Block(2048, name="block_b")]
-        self.head = keras.layers.ReLU(name="head.out")  # the path says "head_out"
-
-    def call(self, x: Any) -> Any:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def subclassed_case() -> Case:
-    return Net(), {"stem": 4096, "block_a.fc": 1024, "block_b.fc": 2048}
+    return subclassed_net(keras, 4096, 1024, 2048), {"stem": 4096, "block_a.fc": 1024, "block_b.fc": 2048}
 
 
 CASES: dict[str, Callable[[], Case]] = {"sequential": sequential_case, "functional": functional_case,

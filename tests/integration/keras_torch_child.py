@@ -17,7 +17,6 @@ os.environ["KERAS_BACKEND"] = "torch"  # before keras is imported: it reads the 
 
 import json  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 import urllib.request  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -27,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
+from tests.integration.keras_subclassed import subclassed_net  # noqa: E402
 from tests.integration.reference_ledger import ReferenceLedger  # noqa: E402
 
 BATCH = 64
@@ -60,36 +60,8 @@ def functional_case() -> Case:
     return model, paths, {"d": 64, "submodel.hid": 96, "submodel.d": 48}
 
 
-class Block(keras.layers.Layer):
-    """A custom layer with a sublayer: ``summary()`` does not expand it, attribution does."""
-
-    def __init__(self, units: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.fc = keras.layers.Dense(units, name="fc")
-
-    def call(self, x: Any) -> Any:
-        return self.fc(x)
-
-
-class Net(keras.Model):
-    """A subclassed model: layers as attributes and in a list (the list is out of named_modules())."""
-
-    def __init__(self) -> None:
-        super().__init__(name="net")
-        self.stem = keras.layers.Dense(80, name="stem")
-        self.blocks = [Block(72, name="block_a"), Block(40, name="block_b")]
-        # a dot in a Keras name stands for no level: the path says "head_out"
-        self.head = keras.layers.ReLU(name="head.out")
-
-    def call(self, x: Any) -> Any:
-        x = self.stem(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(x)
-
-
 def subclassed_case() -> Case:
-    model = Net()
+    model = subclassed_net(keras, 80, 72, 40)
     paths = {"": model, "stem": model.stem, "block_a": model.blocks[0], "block_a.fc": model.blocks[0].fc,
              "block_b": model.blocks[1], "block_b.fc": model.blocks[1].fc, "head_out": model.head}
     return model, paths, {"stem": 80, "block_a.fc": 72, "block_b.fc": 40}

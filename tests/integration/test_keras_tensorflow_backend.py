@@ -3,7 +3,7 @@ TensorFlow's own allocator statistics; inside a ``tf.function`` or a compiled ``
 runs exactly as plain.
 
 TensorFlow is not in the test environment (it pins its own numpy and protobuf): the models run in a
-child process (``keras_tf_child.py``) under the interpreter named by ``MEMPROF_OTEL_TF_PYTHON``
+child process (``keras_tf_child.py``) under the interpreter named by ``MEMPROF_TEST_TF_PYTHON``
 (``scripts/install-and-test.sh`` builds ``.venv-tf`` with ``tensorflow-cpu`` and sets it), with
 this repository on ``PYTHONPATH``. Without the variable the module is skipped, saying so.
 
@@ -26,9 +26,9 @@ import pytest
 
 from tests.integration.demo_process import REPO
 
-TF_PYTHON = os.environ.get("MEMPROF_OTEL_TF_PYTHON")
+TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")
 if not TF_PYTHON:
-    pytest.skip("MEMPROF_OTEL_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "
+    pytest.skip("MEMPROF_TEST_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "
                 "scripts/install-and-test.sh builds as .venv-tf)", allow_module_level=True)
 
 F32 = 4

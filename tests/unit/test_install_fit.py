@@ -279,7 +279,7 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     (tf_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tf_log}\n')
     (tf_bindir / "python").chmod(0o755)
     (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_OTEL_TF_PYTHON" >> {tf_log}\n')
+                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
