@@ -23,7 +23,7 @@ _EXPORTS: dict[str, str] = {
     "Config": ".config", "load_config": ".config",
     "Capture": ".dumps.capture",
     **dict.fromkeys(
-        ("AlreadyInstrumented", "CaptureBusy", "CaptureTimeout", "ConfigError", "DumpNotFound", "ExportError",
+        ("AlreadyInstrumented", "CaptureBusy", "CaptureTimeout", "CaptureUnsupported", "ConfigError", "DumpNotFound", "ExportError",
          "InstrumentationError", "InvalidDumpId", "MemprofError", "ModelRequired", "ServeError",
          "SourceUnavailable", "UnknownModel"), ".errors"),
     "Server": ".http.server",
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from .attribution.instrumentation import Instrumentation
     from .config import Config, load_config
     from .dumps.capture import Capture
-    from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, ConfigError, DumpNotFound, ExportError,
+    from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, CaptureUnsupported, ConfigError, DumpNotFound, ExportError,
                          InstrumentationError, InvalidDumpId, MemprofError, ModelRequired, ServeError,
                          SourceUnavailable, UnknownModel)
     from .http.server import Server

@@ -30,6 +30,11 @@ class CaptureBusy(MemprofError, RuntimeError):
     """Another deep capture is running on this model."""
 
 
+class CaptureUnsupported(InstrumentationError):
+    """The model's framework has no deep captures (they record each op's allocations, which only
+    the PyTorch adapter sees): a Keras model on the TensorFlow backend has per-layer figures only."""
+
+
 class CaptureTimeout(MemprofError, TimeoutError):
     """No forward came in time to complete a capture."""
 

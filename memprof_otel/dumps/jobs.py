@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from ..errors import CaptureBusy, CaptureTimeout, ExportError, InstrumentationError, UnknownModel
+from ..errors import CaptureBusy, CaptureTimeout, CaptureUnsupported, ExportError, InstrumentationError, UnknownModel
 from .store import DumpInfo
 
 JOB_ID_RE = re.compile(r"job-[0-9a-f]{16}")
@@ -25,7 +25,8 @@ MAX_JOBS = 256  # finished jobs kept for polling; the oldest finished one goes f
 # exception -> the error code a failed job reports (the HTTP layer maps codes to statuses)
 _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (CaptureTimeout, "no_forward_in_time"), (CaptureBusy, "capture_in_progress"),
-    (UnknownModel, "unknown_model"), (InstrumentationError, "uninstrumented"),
+    (UnknownModel, "unknown_model"), (CaptureUnsupported, "capture_unsupported"),
+    (InstrumentationError, "uninstrumented"),
     (ExportError, "dump_not_stored"),
 )
 

@@ -25,7 +25,7 @@ from .._log import rate_limited
 from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
-from ..errors import (CaptureBusy, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
+from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.heap_session import HeapProfiler
@@ -55,7 +55,7 @@ GZIP_LEVEL = 1
 _ITEMS_PER_SLICE = 32      # items encoded between two yields of the interpreter (see _encode_slice)
 # a failed dump job's error code -> the status a POST that waited for it answers
 _FAILED_STATUS = {"no_forward_in_time": 504, "dump_not_stored": 507, "uninstrumented": 409,
-                  "capture_in_progress": 409, "unknown_model": 404}
+                  "capture_unsupported": 409, "capture_in_progress": 409, "unknown_model": 404}
 
 
 class EndpointServices(ScrapeSource, Protocol):
@@ -539,6 +539,8 @@ class Endpoint:
             raise HttpError(404, "unknown_model", str(e)) from None
         except CaptureBusy as e:
             raise HttpError(409, "capture_in_progress", str(e)) from None
+        except CaptureUnsupported as e:
+            raise HttpError(409, "capture_unsupported", str(e)) from None
         except InstrumentationError as e:
             raise HttpError(409, "uninstrumented", str(e)) from None
         return self._job_response(job, wait or 0.0, failure_is_error=True)

@@ -16,6 +16,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is imported: it reads
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
+import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -139,8 +140,20 @@ def _endpoint(h: Any) -> dict[str, Any]:
     srv = mp.serve(port=0)
     try:
         get = lambda path: urllib.request.urlopen(srv.url + path, timeout=10).read().decode()  # noqa: E731
-        return {"http_layers": sorted(json.loads(get("/v1/layers"))["models"][h.name]["layers"]),
-                "metrics": get("/metrics")}
+        out: dict[str, Any] = {"http_layers": sorted(json.loads(get("/v1/layers"))["models"][h.name]["layers"]),
+                               "metrics": get("/metrics")}
+        # a deep capture: refused at once, in Python and over HTTP, with what the model has instead
+        try:
+            h.capture()
+        except mp.CaptureUnsupported as e:
+            out["capture_error"] = str(e)
+        req = urllib.request.Request(srv.url + f"/v1/dumps?model={h.name}", method="POST", data=b"",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            out["dump_post"] = [e.code, json.loads(e.read())["error"]]
+        return out
     finally:
         srv.close()
 

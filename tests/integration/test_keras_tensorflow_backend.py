@@ -159,6 +159,13 @@ def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_a_deep_capture_is_refused_saying_why(results: dict[str, Any]) -> None:
+    r = results["sequential"]
+    assert "per-layer figures only" in r["capture_error"]
+    assert r["dump_post"] == [409, "capture_unsupported"]
+
+
+@pytest.mark.timeout(300)
 def test_the_child_never_imported_torch(results: dict[str, Any]) -> None:
     for section in results.values():
         assert section["versions"]["torch_imported"] is False

@@ -66,6 +66,14 @@ def test_torch_is_no_requirement_and_its_extra_keeps_any_newer_torch():
     assert all(s.operator in (">=", ">", "!=") for s in spec), f"an upper bound crept back: {spec}"
 
 
+def test_tensorflow_is_an_optional_extra_with_a_lower_bound_only():
+    assert not any(r.name in ("tensorflow", "keras") for r in _requirements())
+    (tf_req,) = [Requirement(r) for r in _project()["optional-dependencies"]["tensorflow"]]
+    assert tf_req.name == "tensorflow" and tf_req.specifier.contains(Version("2.21.0"))
+    assert not tf_req.specifier.contains(Version("2.15.1")), "Keras 3 is TensorFlow's from 2.16"
+    assert all(s.operator in (">=", ">", "!=") for s in tf_req.specifier), str(tf_req.specifier)
+
+
 def test_grpc_exporter_is_an_optional_extra():
     project = _project()
     assert not any(r.name == "opentelemetry-exporter-otlp-proto-grpc" for r in _requirements())

@@ -27,7 +27,7 @@ import tensorflow as tf
 from ...capacity.shapes import ShapeOf
 from ...config import Config
 from ...dumps.capture import Capture
-from ...errors import InstrumentationError
+from ...errors import CaptureUnsupported, InstrumentationError
 from ...sources.tensorflow import TfAllocatorCounter, tf_device_label
 from ..attaching import attach_handle, forget, tracked_layers
 from ..forward_state import ForwardState
@@ -175,7 +175,7 @@ class TfInstrumentation(Instrumentation):
 
     def capture(self, forwards: int = 1) -> Capture:
         """Deep captures record each op's allocations, which only the torch adapter can see."""
-        raise InstrumentationError(f"{self.name!r}: deep captures are for PyTorch models; a Keras model "
+        raise CaptureUnsupported(f"{self.name!r}: deep captures are for PyTorch models; a Keras model "
                                    "on the TensorFlow backend has per-layer figures only")
 
     # ---- one forward -------------------------------------------------------------------------
