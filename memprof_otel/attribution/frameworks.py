@@ -7,7 +7,8 @@ memprof_otel``, the endpoint, the exporters and the CLI run in an image without 
 A Keras 3 model on the torch backend is a ``torch.nn.Module``: the torch adapter takes it and reads
 its layer tree from Keras (``keras_tree.py``). On the TensorFlow backend it is no ``tf.Module``: it
 is recognised by its classes' names, with no import (a model of it exists only once TensorFlow is
-imported), and the TensorFlow adapter takes it. On JAX it is not instrumented; the error says so.
+imported), and the Keras adapter takes it with TensorFlow's parts; on JAX likewise, with JAX's
+(``attribution/keras/``, ``attribution/tensorflow/``, ``attribution/jax/``).
 """
 from __future__ import annotations
 
@@ -34,10 +35,15 @@ def _is_keras_on_tensorflow(model: Any) -> bool:
     return is_keras_layer(model) and keras_backend_of(model) == "tensorflow"
 
 
+def _is_keras_on_jax(model: Any) -> bool:
+    return is_keras_layer(model) and keras_backend_of(model) == "jax"
+
+
 # (framework, is one of its models, the adapter module with its ``attach``)
 _ADAPTERS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("torch", _is_torch_module, "memprof_otel.attribution.torch.instrumentation"),
     ("tensorflow", _is_keras_on_tensorflow, "memprof_otel.attribution.tensorflow.instrumentation"),
+    ("jax", _is_keras_on_jax, "memprof_otel.attribution.jax.instrumentation"),
 )
 
 
@@ -49,13 +55,14 @@ def adapter_for(model: Any) -> Attach:
             return importlib.import_module(module).attach  # type: ignore[no-any-return]
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
     takes = ("instrument() takes a PyTorch model (a torch.nn.Module, a Keras 3 model on the torch "
-             "backend included) or a Keras 3 model on the TensorFlow backend")
+             "backend included) or a Keras 3 model on the TensorFlow or JAX backend")
     if is_keras_layer(model):
-        # a Keras model on another backend (JAX): say which, what runs, and how to get per-layer figures
+        # a Keras model on another backend (OpenVINO, a future one): say which, what runs, and how to
+        # get per-layer figures
         backend = keras_backend_of(model) or "another"
         raise InstrumentationError(f"{takes}; got {kind}, a Keras model on the {backend} backend, which "
                                    "is not instrumented: the process series (start_monitoring()) still "
-                                   "measure it; set KERAS_BACKEND=torch or tensorflow before keras is "
+                                   "measure it; set KERAS_BACKEND=torch, tensorflow or jax before keras is "
                                    "imported for per-layer figures")
     raise InstrumentationError(f"{takes}; got {kind}")
 

@@ -92,10 +92,11 @@ def _allocator() -> dict[str, Any]:
 # framework -> (distributions that provide it, what memprof-otel does with it)
 _FRAMEWORKS = {
     "torch": (("torch",), "instrument() per layer (CPU and CUDA)"),
-    "keras": (("keras",), "Keras 3 models: per layer on the torch and TensorFlow backends (eager)"),
+    "keras": (("keras",), "Keras 3 models: per layer on the torch, TensorFlow and JAX backends (eager)"),
     "tensorflow": (("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly"),
                    "Keras 3 models on the TensorFlow backend: per layer in eager mode"),
-    "jax": (("jax",), "not instrumented yet"),
+    "jax": (("jax",), "Keras 3 models on the JAX backend: per layer in eager mode (on CPU live-array "
+                      "sizes: retained exact, peak a lower bound)"),
 }
 
 

@@ -26,59 +26,15 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from tests.integration.keras_subclassed import subclassed_net  # noqa: E402
+from tests.integration.keras_cases import CASES, Case  # noqa: E402
+from tests.integration.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
+                                                  calls_added, endpoint_layers_and_metrics,
+                                                  pause_resume_uninstrument, stats)
 from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
 
-# MiB-sized activations: TF's CPU allocator counts those exactly (see the test's tolerance)
-BATCH = 256
-FEATURES = 1024
-FORWARDS = 2
-ATTRIBUTE_EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 
-# a case: (model, {path of a Dense written from the definition: its units}). In the Sequential a
-# wide layer comes first: a peak left over from it must not count for the narrower layer after it
-Case = tuple[Any, dict[str, int]]
-
-
-def sequential_case() -> Case:
-    """A Sequential holding a nested Sequential."""
-    inner = keras.Sequential([keras.layers.Dense(1024, name="d_in"), keras.layers.ReLU(name="act")],
-                             name="inner")
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(4096, name="d1"), inner],
-                             name="outer")
-    return model, {"d1": 4096, "inner.d_in": 1024}
-
-
-def functional_case() -> Case:
-    """A functional model calling a nested functional model; both have a layer named ``d``."""
-    sub_in = keras.Input((2048,))
-    submodel = keras.Model(sub_in, keras.layers.Dense(4096, name="d")(keras.layers.Dense(1024, name="hid")(sub_in)),
-                           name="submodel")
-    inp = keras.Input((FEATURES,))
-    model = keras.Model(inp, submodel(keras.layers.Dense(2048, name="d")(inp)), name="func")
-    return model, {"d": 2048, "submodel.hid": 1024, "submodel.d": 4096}
-
-
-def subclassed_case() -> Case:
-    return subclassed_net(keras, 4096, 1024, 2048), {"stem": 4096, "block_a.fc": 1024, "block_b.fc": 2048}
-
-
-CASES: dict[str, Callable[[], Case]] = {"sequential": sequential_case, "functional": functional_case,
-                                        "subclassed": subclassed_case}
-
-
-def _stats(h: Any) -> dict[str, dict[str, int]]:
-    return {p: {"peak_increase": s.peak_increase, "retained": s.retained, "calls": s.calls}
-            for p, s in h.layer_stats().items()}
-
-
-def _all_layers(model: Any) -> list[Any]:
-    """Every layer object of the model, by Keras's own recursive walk (not the library's)."""
-    return list(model._flatten_layers(include_self=True, recursive=True))
-
-
-def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
-    model, dense = build()
+def run_case(name: str, build: Callable[[Any, int], Case]) -> dict[str, Any]:
+    model, dense = build(keras, FEATURES)
     x = tf.constant(np.random.default_rng(0).standard_normal((BATCH, FEATURES)).astype("float32"))
     plain = model(x).numpy()  # uninstrumented; builds the weights before we measure
     plain_graph_fn = tf.function(lambda t: model(t))
@@ -89,18 +45,18 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
     out["device"] = h.last_device
     out["method"] = h.summary_dict()["method"]
     outs = [model(x).numpy() for _ in range(FORWARDS)]
-    out["stats"] = _stats(h)
+    out["stats"] = stats(h)
     out["forwards"] = h.status()["forwards"]
     out["unattributed"] = dict(h.unattributed)
     out["bit_identical"] = all(np.array_equal(o, plain) for o in outs)
 
     # tf.function while instrumented: the wrappers run only while it is traced, outside eager
-    before = _stats(h)
+    before = stats(h)
     fn = tf.function(lambda t: model(t))
     graph_outs = [fn(x).numpy() for _ in range(3)]
     out["tf_function"] = {
         "tracing_count": fn.experimental_get_tracing_count(),
-        "calls_added": {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()},
+        "calls_added": calls_added(h, before),
         "forwards_added": h.status()["forwards"] - out["forwards"],
         "bit_identical_to_plain_graph": all(np.array_equal(o, plain_graph) for o in graph_outs),
         # the function traced on the plain model before instrument(): not traced again, same result
@@ -111,27 +67,21 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
 
     # compiled predict (a tf.function inside Keras): no per-layer figures either
     model.compile()
-    before = _stats(h)
+    before = stats(h)
     predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
-    out["predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
+    out["predict_calls_added"] = calls_added(h, before)
     out["predict_allclose"] = bool(np.allclose(predicted, plain, rtol=1e-5, atol=1e-5))
 
     # predict() compiled with run_eagerly=True calls the model eagerly per batch: each is a forward
     model.compile(run_eagerly=True)
-    before = _stats(h)
+    before = stats(h)
     eager_predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
-    out["eager_predict_calls_added"] = {p: s["calls"] - before[p]["calls"] for p, s in _stats(h).items()}
+    out["eager_predict_calls_added"] = calls_added(h, before)
     out["eager_predict_allclose"] = bool(np.allclose(eager_predicted, plain, rtol=1e-5, atol=1e-5))
 
     if name == "sequential":
         out.update(_endpoint(h))
-    h.pause()
-    out["paused_instance_calls"] = sum("call" in layer.__dict__ for layer in _all_layers(model))
-    h.resume()
-    out["resumed_instance_calls"] = sum("call" in layer.__dict__ for layer in _all_layers(model))
-    h.uninstrument()
-    out["layers"] = len(_all_layers(model))
-    out["instance_calls_after"] = [layer.name for layer in _all_layers(model) if "call" in layer.__dict__]
+    out.update(pause_resume_uninstrument(h, model))
     out["bit_identical_after"] = bool(np.array_equal(model(x).numpy(), plain))
     return out
 
@@ -139,9 +89,7 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
 def _endpoint(h: Any) -> dict[str, Any]:
     srv = mp.serve(port=0)
     try:
-        get = lambda path: urllib.request.urlopen(srv.url + path, timeout=10).read().decode()  # noqa: E731
-        out: dict[str, Any] = {"http_layers": sorted(json.loads(get("/v1/layers"))["models"][h.name]["layers"]),
-                               "metrics": get("/metrics")}
+        out = endpoint_layers_and_metrics(h, srv)
         # a deep capture: refused at once, in Python and over HTTP, with what the model has instead
         try:
             h.capture()
@@ -203,7 +151,7 @@ def behaviour() -> dict[str, Any]:
     for t in threads:
         t.join()
     meet.meet = False
-    out["after_threads"] = {"status": h.status(), "unattributed": dict(h.unattributed), "stats": _stats(h)}
+    out["after_threads"] = {"status": h.status(), "unattributed": dict(h.unattributed), "stats": stats(h)}
 
     meet.fail = True
     try:
@@ -213,7 +161,7 @@ def behaviour() -> dict[str, Any]:
         out["raised"] = True
     meet.fail = False
     model(x)  # works again after the failure
-    out["after_failure"] = {"status": h.status(), "stats": _stats(h)}
+    out["after_failure"] = {"status": h.status(), "stats": stats(h)}
     h.uninstrument()
     out["own_call_restored"] = fc.__dict__.get("call") is own_call
     return out

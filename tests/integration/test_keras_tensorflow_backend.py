@@ -25,13 +25,14 @@ from typing import Any
 import pytest
 
 from tests.integration.demo_process import REPO
+from tests.integration.keras_checks import (EXPECTED, F32, check_endpoint_paths, check_models_keep_their_outputs,
+                                            check_outputs_and_layers_as_before, check_paths_and_calls)
 
 TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")
 if not TF_PYTHON:
     pytest.skip("MEMPROF_TEST_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "
                 "scripts/install-and-test.sh builds as .venv-tf)", allow_module_level=True)
 
-F32 = 4
 MIB = 1 << 20
 # TF counts what its allocator hands out for a request, not the tensor's size: alignment and block
 # rounding. For MiB-sized float32 tensors it was measured exact, and at most 192 bytes over for a
@@ -44,16 +45,6 @@ MIB = 1 << 20
 SLACK_PER_TENSOR = 32 * 1024
 SLACK = {"sequential": SLACK_PER_TENSOR, "functional": SLACK_PER_TENSOR, "subclassed": MIB}
 
-# the paths each model's definition gives (keras_tf_child.py), joined with "."
-EXPECTED = {
-    "sequential": {"", "d1", "inner", "inner.d_in", "inner.act"},
-    "functional": {"", "d", "submodel", "submodel.hid", "submodel.d"},
-    "subclassed": {"", "stem", "block_a", "block_a.fc", "block_b", "block_b.fc", "head_out"},
-}
-# the layer whose output each model (and nested model) returns, and its width
-OUTPUT_UNITS = {"sequential": {"": 1024, "inner": 1024}, "functional": {"": 4096, "submodel": 4096},
-                "subclassed": {"": 2048, "block_a": 1024, "block_b": 2048}}
-FORWARDS = 2
 
 
 def _child(section: str) -> dict[str, Any]:
@@ -84,12 +75,7 @@ def results() -> dict[str, Any]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_every_keras_layer_has_its_path_and_every_eager_call_counts(results: dict[str, Any], case: str) -> None:
-    r = results[case]
-    assert set(r["stats"]) == EXPECTED[case]
-    assert all(s["calls"] == FORWARDS for s in r["stats"].values())
-    assert r["forwards"] == FORWARDS and r["unattributed"] == {}
-    assert r["device"] == "cpu"
-    assert r["method"] == "tensorflow allocator statistics"
+    check_paths_and_calls(results[case], case, "tensorflow allocator statistics")
 
 
 @pytest.mark.timeout(300)
@@ -103,24 +89,14 @@ def test_dense_figures_are_the_sizes_of_its_tensors(results: dict[str, Any], cas
         # the same size while the first is alive; it returns the second
         assert 2 * out_bytes <= s["peak_increase"] <= 2 * out_bytes + 2 * SLACK[case], (path, s)
         assert out_bytes <= s["retained"] <= out_bytes + SLACK[case], (path, s)
-    # a model (and a nested one) keeps exactly its output; its peak covers each of its layers'
-    for path, units in OUTPUT_UNITS[case].items():
-        out_bytes = r["batch"] * units * F32
-        assert out_bytes <= r["stats"][path]["retained"] <= out_bytes + SLACK[case], path
-        below = [p for p in EXPECTED[case] if p != path and (path == "" or p.startswith(path + "."))]
-        assert r["stats"][path]["peak_increase"] >= max(r["stats"][p]["peak_increase"] for p in below)
+    check_models_keep_their_outputs(r, case, SLACK[case])
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_outputs_are_bit_identical_and_uninstrument_leaves_the_layers_as_before(results: dict[str, Any],
                                                                                case: str) -> None:
-    r = results[case]
-    assert r["bit_identical"] and r["bit_identical_after"]
-    # pause() takes every wrapper off, resume() puts one on each tracked layer again
-    assert r["paused_instance_calls"] == 0
-    assert r["resumed_instance_calls"] == len(EXPECTED[case])
-    assert r["instance_calls_after"] == []
+    check_outputs_and_layers_as_before(results[case], case)
 
 
 @pytest.mark.timeout(300)
@@ -151,11 +127,7 @@ def test_predict_run_eagerly_is_measured_per_batch(results: dict[str, Any], case
 
 @pytest.mark.timeout(300)
 def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
-    r = results["sequential"]
-    assert set(r["http_layers"]) == EXPECTED["sequential"]
-    for path in EXPECTED["sequential"]:
-        out_line = f'memprof_layer_peak_increase_bytes{{device="cpu",layer="{path}",model="sequential"}}'
-        assert out_line in r["metrics"], path
+    check_endpoint_paths(results["sequential"])
 
 
 @pytest.mark.timeout(300)

@@ -183,29 +183,31 @@ def test_max_depth_counts_keras_levels_not_dots_in_names() -> None:
 
 # ---- what instrument() says about a Keras model it cannot take --------------------------------------
 def test_a_keras_model_on_another_backend_is_refused_naming_the_backend() -> None:
-    jax_model = _keras_class("Layer", "keras.src.layers.layer",
-                             _Base, _keras_class("JaxLayer", "keras.src.backend.jax.layer"))("m")
+    openvino_model = _keras_class("Layer", "keras.src.layers.layer",
+                                  _Base, _keras_class("OpenVINOLayer", "keras.src.backend.openvino.layer"))("m")
     with pytest.raises(InstrumentationError) as e:
-        adapter_for(jax_model)
+        adapter_for(openvino_model)
     msg = str(e.value)
-    assert "torch.nn.Module" in msg and "jax backend" in msg and "KERAS_BACKEND=torch" in msg
-    # what still measures it, and that the TensorFlow backend is taken
-    assert "process series" in msg and "TensorFlow backend" in msg
+    assert "torch.nn.Module" in msg and "openvino backend" in msg and "KERAS_BACKEND=torch" in msg
+    # what still measures it, and which backends are taken
+    assert "process series" in msg and "TensorFlow or JAX backend" in msg
 
 
-def test_a_keras_model_on_the_tensorflow_backend_goes_to_the_tensorflow_adapter(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    tf_model = _keras_class("Layer", "keras.src.layers.layer",
-                            _Base, _keras_class("TFLayer", "keras.src.backend.tensorflow.layer"))("m")
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_a_keras_model_on_tensorflow_or_jax_goes_to_that_backends_adapter(
+        monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    base = {"tensorflow": "TFLayer", "jax": "JaxLayer"}[backend]
+    model = _keras_class("Layer", "keras.src.layers.layer",
+                         _Base, _keras_class(base, f"keras.src.backend.{backend}.layer"))("m")
     imported: list[str] = []
 
-    def fake_import(name: str) -> Any:  # tensorflow is not in this environment: only the choice is checked
+    def fake_import(name: str) -> Any:  # neither framework is in this environment: only the choice is checked
         imported.append(name)
-        return types.SimpleNamespace(attach="the tensorflow attach")
+        return types.SimpleNamespace(attach=f"the {backend} attach")
 
     monkeypatch.setattr(frameworks.importlib, "import_module", fake_import)
-    assert adapter_for(tf_model) == "the tensorflow attach"
-    assert imported == ["memprof_otel.attribution.tensorflow.instrumentation"]
+    assert adapter_for(model) == f"the {backend} attach"
+    assert imported == [f"memprof_otel.attribution.{backend}.instrumentation"]
 
 
 def test_other_objects_are_refused_naming_their_type() -> None:

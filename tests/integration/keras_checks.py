@@ -1,0 +1,56 @@
+"""What the Keras backend tests (TensorFlow, JAX) check alike on their children's records: the
+paths each model's definition gives, the calls counted, the models' kept outputs, the layers left
+as they were, and the endpoint. The figures expected are written from the definitions
+(``keras_cases.py``): batch x units x 4 bytes (float32)."""
+from __future__ import annotations
+
+from typing import Any
+
+F32 = 4
+FORWARDS = 2  # eager forwards each child runs per case (keras_child_common.FORWARDS)
+
+# the paths each model's definition gives (keras_cases.py), joined with "."
+EXPECTED = {
+    "sequential": {"", "d1", "inner", "inner.d_in", "inner.act"},
+    "functional": {"", "d", "submodel", "submodel.hid", "submodel.d"},
+    "subclassed": {"", "stem", "block_a", "block_a.fc", "block_b", "block_b.fc", "head_out"},
+}
+# the layer whose output each model (and nested model) returns, and its width
+OUTPUT_UNITS = {"sequential": {"": 1024, "inner": 1024}, "functional": {"": 4096, "submodel": 4096},
+                "subclassed": {"": 2048, "block_a": 1024, "block_b": 2048}}
+
+
+def check_paths_and_calls(r: dict[str, Any], case: str, method: str) -> None:
+    """Every layer of the definition under its path, called once per eager forward, all attributed."""
+    assert set(r["stats"]) == EXPECTED[case]
+    assert all(s["calls"] == FORWARDS for s in r["stats"].values())
+    assert r["forwards"] == FORWARDS and r["unattributed"] == {}
+    assert r["device"] == "cpu"
+    assert r["method"] == method
+
+
+def check_models_keep_their_outputs(r: dict[str, Any], case: str, slack: int) -> None:
+    """A model (and a nested one) keeps its output, up to ``slack`` bytes more; its peak covers each
+    of its layers'."""
+    for path, units in OUTPUT_UNITS[case].items():
+        out_bytes = r["batch"] * units * F32
+        assert out_bytes <= r["stats"][path]["retained"] <= out_bytes + slack, path
+        below = [p for p in EXPECTED[case] if p != path and (path == "" or p.startswith(path + "."))]
+        assert r["stats"][path]["peak_increase"] >= max(r["stats"][p]["peak_increase"] for p in below)
+
+
+def check_outputs_and_layers_as_before(r: dict[str, Any], case: str) -> None:
+    """Bit-identical outputs while and after; pause() takes every wrapper off, resume() puts one on
+    each tracked layer again, uninstrument() leaves no instance ``call``."""
+    assert r["bit_identical"] and r["bit_identical_after"]
+    assert r["paused_instance_calls"] == 0
+    assert r["resumed_instance_calls"] == len(EXPECTED[case])
+    assert r["instance_calls_after"] == []
+
+
+def check_endpoint_paths(r: dict[str, Any]) -> None:
+    """The Sequential case's paths in ``/v1/layers`` and in ``/metrics``."""
+    assert set(r["http_layers"]) == EXPECTED["sequential"]
+    for path in EXPECTED["sequential"]:
+        line = f'memprof_layer_peak_increase_bytes{{device="cpu",layer="{path}",model="sequential"}}'
+        assert line in r["metrics"], path
