@@ -27,6 +27,12 @@ torch_index=()
 [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
 .venv-tf/bin/python -m pip install -q --disable-pip-version-check "${TF_SPEC:-tensorflow-cpu==2.21.0}" -e .
 export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
+# Keras on the JAX backend likewise in a venv of its own (keras in .venv imports jax when it is
+# there, and runs on the torch backend): jax with its CPU jaxlib, keras, and memprof-otel from this
+# tree with its runtime dependencies only. JAX_SPEC overrides the pin.
+[ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
+.venv-jax/bin/python -m pip install -q --disable-pip-version-check "${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5" -e .
+export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -286,8 +286,15 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     tf_bindir.mkdir(parents=True)
     (tf_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tf_log}\n')
     (tf_bindir / "python").chmod(0o755)
+    # and the JAX venv's, the same way
+    jax_log = tmp_path / "jax_calls.log"
+    jax_bindir = tmp_path / ".venv-jax" / "bin"
+    jax_bindir.mkdir(parents=True)
+    (jax_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {jax_log}\n')
+    (jax_bindir / "python").chmod(0o755)
     (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n')
+                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n'
+                                   f'[ "$2" != pytest ] || echo "JAX=$MEMPROF_TEST_JAX_PYTHON" >> {jax_log}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -305,6 +312,10 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
 
 def _tf_venv_calls(tmp_path: Path) -> list[str]:
     return (tmp_path / "tf_calls.log").read_text().splitlines()
+
+
+def _jax_venv_calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "jax_calls.log").read_text().splitlines()
 
 
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
@@ -330,3 +341,27 @@ def test_install_script_puts_tensorflow_in_its_own_venv_and_names_it_to_the_test
     assert install.startswith("-m pip install") and "tensorflow-cpu==2.21.0" in install
     assert install.endswith(" -e .")
     assert tests_env == f"TF={tmp_path / '.venv-tf' / 'bin' / 'python'}"
+
+
+def test_install_script_puts_jax_in_its_own_venv_and_names_it_to_the_tests(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {})
+    # jax never goes into .venv, nor into the TensorFlow venv
+    # (the pip arguments, not the paths: tmp_path carries this test's name)
+    assert not any(a.startswith(("jax", "keras")) for c in calls + _tf_venv_calls(tmp_path) for a in c.split())
+    install, tests_env = _jax_venv_calls(tmp_path)
+    # pinned, with keras, and memprof-otel from this tree with its runtime dependencies only (no extra)
+    assert install.startswith("-m pip install") and "jax[cpu]==0.10.2" in install and "keras>=3.5" in install
+    assert install.endswith(" -e .")
+    assert tests_env == f"JAX={tmp_path / '.venv-jax' / 'bin' / 'python'}"
+
+
+def test_install_script_takes_another_jax_pin(tmp_path: Path):
+    _run_install_script(tmp_path, {"JAX_SPEC": "jax[cpu]==0.10.3"})
+    install = _jax_venv_calls(tmp_path)[0]
+    assert "jax[cpu]==0.10.3" in install and "0.10.2" not in install
+
+
+def test_jax_is_no_runtime_dependency_and_has_no_extra():
+    # a Keras-on-JAX model exists only where jax is installed; memprof-otel imports it only then
+    assert not any(r.name in ("jax", "jaxlib") for r in _requirements())
+    assert "jax" not in _project()["optional-dependencies"]
