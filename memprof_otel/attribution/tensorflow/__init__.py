@@ -1,1 +1,1 @@
-"""The TensorFlow adapter: Keras 3 models on the TensorFlow backend."""
+"""The Keras adapter's TensorFlow backend: Keras 3 models on the TensorFlow backend."""
