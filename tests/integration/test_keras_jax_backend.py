@@ -82,7 +82,7 @@ def test_a_root_peak_is_the_outputs_alive_together_at_a_boundary(results: dict[s
 @pytest.mark.parametrize("case", sorted(EXPECTED))
 def test_each_layer_is_measured_under_its_path_and_the_model_is_left_as_it_was(results: dict[str, Any],
                                                                                case: str) -> None:
-    check_paths_and_calls(results[case], case, "jax live arrays (retained exact, peak a lower bound)")
+    check_paths_and_calls(results[case], case, "jax live arrays; retained exact, peak a lower bound")
     check_outputs_and_layers_as_before(results[case], case)
 
 

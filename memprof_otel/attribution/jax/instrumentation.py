@@ -57,8 +57,8 @@ class JaxBackend:
 
     def method(self, device: Any) -> str:
         if device.memory_stats() is not None:
-            return "jax allocator statistics (peak derived from an all-time high)"
-        return "jax live arrays (retained exact, peak a lower bound)"
+            return "jax allocator statistics; peak derived from the all-time high"
+        return "jax live arrays; retained exact, peak a lower bound"
 
 
 # ``attach(model, name=None, config=None, shape_of=None, **overrides)``, as frameworks.py calls it
