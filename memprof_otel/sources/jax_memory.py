@@ -26,7 +26,7 @@ import jax
 
 from memprof_otel.sources.base import Reading
 
-__all__ = ["JaxMemoryCounter", "jax_device_label", "live_array_bytes"]
+__all__ = ["JaxMemoryCounter", "LiveArrayBytes", "jax_device_label"]
 
 
 def jax_device_label(device: Any) -> str:
@@ -36,21 +36,45 @@ def jax_device_label(device: Any) -> str:
     return "cpu" if platform == "cpu" else f"{platform}:{getattr(device, 'id', 0)}"
 
 
-def live_array_bytes(device: Any) -> int:
-    """Bytes of the live JAX arrays held on ``device``: a whole array when it is on that device
-    alone, else its shards there."""
-    total = 0
-    for a in jax.live_arrays():
-        try:
-            devices = a.devices()
-            if len(devices) == 1:
-                if device in devices:
-                    total += a.nbytes
-            else:
-                total += sum(s.data.nbytes for s in a.addressable_shards if s.device == device)
-        except RuntimeError:  # deleted between the listing and now (another thread): not live
-            continue
-    return total
+class LiveArrayBytes:
+    """Bytes of the live JAX arrays held on one device, summed on every call: a whole array when it
+    is on that device alone, else its shards there.
+
+    Every array is visited at every read, so the cost grows with the arrays alive in the process.
+    An array's bytes on the device follow from its ``aval`` (shape, dtype) and its ``sharding``
+    alone, both objects the array keeps: each array's figure is remembered by ``id`` with those two
+    objects and reused while they are the same objects (``is``). A new array under a reused ``id``
+    has objects of its own, so it is computed afresh; holding the two objects keeps their ids from
+    being reused meanwhile. Reading ``nbytes`` and ``devices()`` afresh cost several times more.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self._known: dict[int, tuple[Any, Any, int]] = {}  # id(array) -> (aval, sharding, bytes here)
+
+    def _on_device(self, a: Any) -> int:
+        devices = a.devices()
+        if len(devices) == 1:
+            return int(a.nbytes) if self.device in devices else 0
+        return sum(int(s.data.nbytes) for s in a.addressable_shards if s.device == self.device)
+
+    def __call__(self) -> int:
+        known, now = self._known, {}
+        total = 0
+        for a in jax.live_arrays():
+            try:
+                key, aval, sharding = id(a), a.aval, a.sharding
+                entry = known.get(key)
+                if entry is not None and entry[0] is aval and entry[1] is sharding:
+                    n = entry[2]
+                else:
+                    n = self._on_device(a)
+            except RuntimeError:  # deleted between the listing and now (another thread): not live
+                continue
+            now[key] = (aval, sharding, n)
+            total += n
+        self._known = now  # only the arrays alive now: the table never outgrows them
+        return total
 
 
 class JaxMemoryCounter:
@@ -66,6 +90,7 @@ class JaxMemoryCounter:
         # one read at a time: two callers interleaving would each start a window at the other's level
         self._lock = threading.Lock()
         self.allocator_stats = self.device.memory_stats() is not None
+        self._live = LiveArrayBytes(self.device)
         self._level, self._high = self._now()
 
     def __repr__(self) -> str:
@@ -82,7 +107,7 @@ class JaxMemoryCounter:
             stats = self.device.memory_stats() or {}
             level = int(stats.get("bytes_in_use", 0))
             return level, int(stats.get("peak_bytes_in_use", level))
-        level = live_array_bytes(self.device)
+        level = self._live()
         return level, level
 
     def reset_peak(self) -> None:

@@ -24,6 +24,7 @@ class _Array:
     def __init__(self, nbytes: int, devices: list[_Device], shards: list[tuple[_Device, int]] = (),
                  deleted: bool = False) -> None:
         self.nbytes, self._devices, self._deleted = nbytes, devices, deleted
+        self.aval, self.sharding = object(), object()  # what the counter's memo checks by identity
         self.addressable_shards = [types.SimpleNamespace(device=d, data=types.SimpleNamespace(nbytes=n))
                                    for d, n in shards]
 
@@ -67,6 +68,20 @@ def test_on_cpu_the_level_is_the_live_arrays_on_that_device_and_the_peak_the_hig
     # reset_peak starts the window at the level now
     c.reset_peak()
     assert c.read_and_reset().peak == 4096
+
+
+def test_an_array_whose_shape_or_placement_changed_under_the_same_id_is_counted_afresh(jm: Any) -> None:
+    # the counter remembers each array's bytes by id while its aval and sharding are the same
+    # objects; a new array that got a freed one's id has objects of its own
+    cpu, other = _Device("cpu", 0, None), _Device("cpu", 1, None)
+    a = _Array(4096, [cpu])
+    jm.fake.arrays = [a]
+    live = jm.LiveArrayBytes(cpu)
+    assert live() == 4096
+    a.nbytes, a.aval = 8192, object()       # the same id, another shape
+    assert live() == 8192
+    a._devices, a.sharding = [other], object()  # the same id, now on another device
+    assert live() == 0
 
 
 def test_on_a_gpu_the_window_peak_is_the_new_all_time_high_or_else_a_lower_bound(jm: Any) -> None:
