@@ -10,7 +10,9 @@ blocks (``_paired.paired``) on one model object, with ``--extra`` more small arr
 beside it (other models' weights, caches: what a real process keeps). Variants, per extra count:
 
 * ``aa-control``: plain against plain (this machine's noise floor);
-* ``every-forward``: instrumented (``every_n_forwards=1``, ``overhead_budget=1.0``) against plain.
+* ``every-forward``: instrumented (``every_n_forwards=1``, ``overhead_budget=1.0``) against plain;
+* ``default``: instrumented as shipped (forwards attributed under the scheduler's overhead budget)
+  against plain.
 
 Each row also gives the extra time per forward divided by the counter reads one forward makes
 (two per layer call: its entry and its exit), and the median time of one ``read_and_reset`` alone.
@@ -55,7 +57,7 @@ def main() -> None:
     model = keras.Sequential([keras.Input((64,)), *[keras.layers.Dense(64) for _ in range(args.layers)]])
     x = jax.numpy.asarray(np.ones((32, 64), "float32"))
     model(x).block_until_ready()
-    h = mp.instrument(model, name="bench", every_n_forwards=1, overhead_budget=1.0)
+    every = mp.instrument(model, name="bench", every_n_forwards=1, overhead_budget=1.0)
 
     def forward() -> None:
         model(x).block_until_ready()
@@ -68,14 +70,24 @@ def main() -> None:
         held.clear()
         held.extend(jax.numpy.full((4,), i, "float32") for i in range(extra))
         live = len(jax.live_arrays())
+        h = every
         aa = paired(f"aa-control +{extra}", paused(h, forward), paused(h, forward), pairs=pairs, block=block)
         ev = paired(f"every-forward +{extra}", paused(h, forward), running(h, forward), pairs=pairs, block=block)
         per_read = ev.plain_s * (ev.median_ratio - 1.0) / reads
         print(aa.row())
         print(ev.row())
         print(f"  live arrays {live}: extra per read (from the median) {per_read * 1e6:.1f} us; "
-              f"one read_and_reset alone {_read_cost() * 1e6:.1f} us")
-    h.uninstrument()
+              f"one read_and_reset alone {_read_cost() * 1e6:.1f} us", flush=True)
+        # as shipped: a handle of its own on the same model (one handle a model at a time)
+        every.uninstrument()
+        h = mp.instrument(model, name="bench-default")
+        print(paired(f"default +{extra}", paused(h, forward), running(h, forward), pairs=pairs,
+                     block=block).row())
+        st = h.status()
+        print(f"  forwards {st['forwards']}, attributed {st['attributed_forwards']}", flush=True)
+        h.uninstrument()
+        every = mp.instrument(model, name="bench", every_n_forwards=1, overhead_budget=1.0)
+    every.uninstrument()
     mp.shutdown(5)
 
 
