@@ -54,3 +54,24 @@ def check_endpoint_paths(r: dict[str, Any]) -> None:
     for path in EXPECTED["sequential"]:
         line = f'memprof_layer_peak_increase_bytes{{device="cpu",layer="{path}",model="sequential"}}'
         assert line in r["metrics"], path
+
+
+def check_overlapping_forwards_dropped(b: dict[str, Any]) -> None:
+    """One forward alone, then 2 threads x 3 forwards held together inside the model (a barrier
+    layer): the backends' figures are the device's, so none of those 6 can be attributed."""
+    after = b["after_threads"]
+    assert after["status"]["forwards"] == 7
+    assert after["unattributed"] == {"concurrent": 6}
+    assert {s["calls"] for s in after["stats"].values()} == {1}
+
+
+def check_failed_forward_counted_and_own_call_back(b: dict[str, Any]) -> None:
+    """A forward that raises: the model's own exception, counted; the model runs on; a layer's
+    instance ``call`` set before instrument() is back after uninstrument()."""
+    assert b["raised"] is True
+    after = b["after_failure"]
+    assert after["status"]["forward_errors"] == 1 and after["status"]["hook_errors"] == 0
+    assert after["status"]["forwards"] == 9
+    # the failed forward and the one after it are both attributed (the failure's layers flagged raised)
+    assert {s["calls"] for s in after["stats"].values()} == {3}
+    assert b["own_call_restored"] is True

@@ -26,6 +26,7 @@ from memprof_otel import instrument, shutdown  # noqa: E402
 from memprof_otel.attribution.jax.instrumentation import _made_here_is_concrete, _trace_check  # noqa: E402
 from memprof_otel.sources.jax_memory import JaxMemoryCounter  # noqa: E402
 from tests.integration import keras_child_common as common  # noqa: E402
+from tests.integration.keras_behaviour import behaviour  # noqa: E402
 from tests.integration.keras_cases import CASES  # noqa: E402
 
 BATCH = common.BATCH
@@ -109,10 +110,13 @@ def counter() -> dict[str, Any]:
 
 
 def main(names: list[str]) -> None:
-    """``names``: the cases to run, and ``counter``; all when none is given."""
+    """``names``: the cases to run, and ``behaviour``/``counter``; all when none is given."""
     assert keras.backend.backend() == "jax", keras.backend.backend()
-    for name in names or [*CASES, "counter"]:
-        if name == "counter":
+    for name in names or [*CASES, "behaviour", "counter"]:
+        if name == "behaviour":
+            x = jax.numpy.ones((BATCH, common.FEATURES), "float32")
+            print("BEHAVIOUR " + json.dumps(behaviour(keras, x, _trace_check())), flush=True)
+        elif name == "counter":
             print("COUNTER " + json.dumps(counter()), flush=True)
         else:
             print("RESULT " + json.dumps({"case": name, **run_case(name)}), flush=True)

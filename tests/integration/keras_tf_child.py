@@ -15,7 +15,6 @@ os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is imported: it reads
 
 import json  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -26,6 +25,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
+from tests.integration.keras_behaviour import behaviour  # noqa: E402
 from tests.integration.keras_cases import CASES, Case  # noqa: E402
 from tests.integration.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
                                                   calls_added, endpoint_layers_and_metrics,
@@ -106,67 +106,6 @@ def _endpoint(h: Any) -> dict[str, Any]:
         srv.close()
 
 
-class Meet(keras.layers.Layer):
-    """Holds each eager call until ``parties`` threads are inside one (a forced overlap), or raises
-    when told to: forwards that run at the same time, and one that fails, on purpose."""
-
-    def __init__(self, parties: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.barrier = threading.Barrier(parties, timeout=30)
-        self.meet = False
-        self.fail = False
-
-    def call(self, x: Any) -> Any:
-        if self.fail:
-            raise ValueError("told to fail")
-        if self.meet and tf.executing_eagerly():
-            self.barrier.wait()
-        return x
-
-
-def behaviour() -> dict[str, Any]:
-    """Threads whose forwards overlap, a forward that raises, and a layer that had an instance
-    ``call`` of its own before instrument()."""
-    meet = Meet(2, name="meet")
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1024, name="fc"), meet], name="m")
-    x = tf.constant(np.ones((BATCH, FEATURES), "float32"))
-    model(x)
-    fc = model.get_layer("fc")
-    own_call = fc.call  # a user's (or a quantizer's) instance ``call``: it must come back as it was
-    fc.call = own_call
-    h = mp.instrument(model, name="behaviour", **ATTRIBUTE_EVERY)
-    out: dict[str, Any] = {}
-
-    model(x)  # alone: attributed
-    meet.meet = True
-    rounds = 3
-
-    def run() -> None:
-        for _ in range(rounds):
-            model(x)
-
-    threads = [threading.Thread(target=run) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    meet.meet = False
-    out["after_threads"] = {"status": h.status(), "unattributed": dict(h.unattributed), "stats": stats(h)}
-
-    meet.fail = True
-    try:
-        model(x)
-        out["raised"] = False
-    except ValueError:
-        out["raised"] = True
-    meet.fail = False
-    model(x)  # works again after the failure
-    out["after_failure"] = {"status": h.status(), "stats": stats(h)}
-    h.uninstrument()
-    out["own_call_restored"] = fc.__dict__.get("call") is own_call
-    return out
-
-
 def counter() -> dict[str, Any]:
     """The counter alone, around tensors of known size: levels and peaks since each read."""
     c = TfAllocatorCounter("CPU:0")
@@ -189,7 +128,8 @@ def main(names: list[str]) -> None:
     assert keras.backend.backend() == "tensorflow", keras.backend.backend()
     for name in names or [*CASES, "behaviour", "counter"]:
         if name == "behaviour":
-            print("BEHAVIOUR " + json.dumps(behaviour()), flush=True)
+            x = tf.constant(np.ones((BATCH, FEATURES), "float32"))
+            print("BEHAVIOUR " + json.dumps(behaviour(keras, x, tf.executing_eagerly)), flush=True)
         elif name == "counter":
             print("COUNTER " + json.dumps(counter()), flush=True)
         else:

@@ -23,8 +23,9 @@ import pytest
 
 from tests.integration.demo_process import REPO
 from tests.integration.keras_checks import (EXPECTED, F32, FORWARDS, check_endpoint_paths,
+                                            check_failed_forward_counted_and_own_call_back,
                                             check_models_keep_their_outputs, check_outputs_and_layers_as_before,
-                                            check_paths_and_calls)
+                                            check_overlapping_forwards_dropped, check_paths_and_calls)
 
 JAX_PYTHON = os.environ.get("MEMPROF_TEST_JAX_PYTHON")
 if not JAX_PYTHON:
@@ -47,9 +48,9 @@ def results() -> dict[str, Any]:
         if tag == "RESULT":
             data = json.loads(body)
             out[data["case"]] = data
-        elif tag in ("COUNTER", "VERSIONS"):
+        elif tag in ("BEHAVIOUR", "COUNTER", "VERSIONS"):
             out[tag.lower()] = json.loads(body)
-    assert set(out) == {*EXPECTED, "counter", "versions"}, proc.stderr[-4000:]
+    assert set(out) == {*EXPECTED, "behaviour", "counter", "versions"}, proc.stderr[-4000:]
     return out
 
 
@@ -136,3 +137,13 @@ def test_a_trace_is_told_from_an_eager_call_both_ways(results: dict[str, Any]) -
     assert c["eager_outside"] == [True, True]
     assert c["eager_inside_jit"] == [False, False]
     assert c["check"] == "trace_state_clean"
+
+
+@pytest.mark.timeout(300)
+def test_overlapping_forwards_are_dropped_and_a_failing_one_is_counted(results: dict[str, Any]) -> None:
+    # live arrays are the device's too: the threads' forwards cannot be told apart
+    b = results["behaviour"]
+    check_overlapping_forwards_dropped(b)
+    # the one forward that ran alone: its Dense(1024) kept its output, batch 256, exactly
+    assert b["after_threads"]["stats"]["fc"]["retained"] == 256 * 1024 * F32
+    check_failed_forward_counted_and_own_call_back(b)
