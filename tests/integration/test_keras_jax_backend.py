@@ -22,10 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.demo_process import REPO
-from tests.integration.keras_checks import (EXPECTED, F32, FORWARDS, check_endpoint_paths,
-                                            check_failed_forward_counted_and_own_call_back,
-                                            check_models_keep_their_outputs, check_outputs_and_layers_as_before,
-                                            check_overlapping_forwards_dropped, check_paths_and_calls)
+from tests.integration import keras_checks as kc
 
 JAX_PYTHON = os.environ.get("MEMPROF_TEST_JAX_PYTHON")
 if not JAX_PYTHON:
@@ -50,23 +47,23 @@ def results() -> dict[str, Any]:
             out[data["case"]] = data
         elif tag in ("BEHAVIOUR", "COUNTER", "VERSIONS"):
             out[tag.lower()] = json.loads(body)
-    assert set(out) == {*EXPECTED, "behaviour", "counter", "versions"}, proc.stderr[-4000:]
+    assert set(out) == {*kc.EXPECTED, "behaviour", "counter", "versions"}, proc.stderr[-4000:]
     return out
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", sorted(EXPECTED))
+@pytest.mark.parametrize("case", sorted(kc.EXPECTED))
 def test_dense_retained_is_its_output_exactly_and_peak_at_least_that(results: dict[str, Any], case: str) -> None:
     r = results[case]
     for path, units in r["dense_units"].items():
-        out_bytes = r["batch"] * units * F32
+        out_bytes = r["batch"] * units * kc.F32
         s = r["stats"][path]
         assert s["retained"] == out_bytes, (path, s)
         # x @ kernel and the bias added to it are two arrays, but the first is gone by the layer's
         # end: the peak is a lower bound, never below what the layer keeps
         assert s["peak_increase"] >= out_bytes, (path, s)
     # a model (and a nested one) keeps exactly its output: no slack, live arrays are exact sizes
-    check_models_keep_their_outputs(r, case, 0)
+    kc.check_models_keep_their_outputs(r, case, 0)
 
 
 @pytest.mark.timeout(300)
@@ -74,21 +71,21 @@ def test_a_root_peak_is_the_outputs_alive_together_at_a_boundary(results: dict[s
     # Sequential: at the end of inner.act, d1's 4096-wide output, inner.d_in's 1024-wide one (the
     # Sequential still holds it as its running value) and act's 1024-wide one are all alive
     s = results["sequential"]["stats"][""]
-    assert s["peak_increase"] == 256 * (4096 + 1024 + 1024) * F32
+    assert s["peak_increase"] == 256 * (4096 + 1024 + 1024) * kc.F32
     # functional: d (2048), hid (1024) and submodel.d (4096) all alive at submodel.d's end
-    assert results["functional"]["stats"][""]["peak_increase"] == 256 * (2048 + 1024 + 4096) * F32
+    assert results["functional"]["stats"][""]["peak_increase"] == 256 * (2048 + 1024 + 4096) * kc.F32
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", sorted(EXPECTED))
+@pytest.mark.parametrize("case", sorted(kc.EXPECTED))
 def test_each_layer_is_measured_under_its_path_and_the_model_is_left_as_it_was(results: dict[str, Any],
                                                                                case: str) -> None:
-    check_paths_and_calls(results[case], case, "jax live arrays; retained exact, peak a lower bound")
-    check_outputs_and_layers_as_before(results[case], case)
+    kc.check_paths_and_calls(results[case], case, "jax live arrays; retained exact, peak a lower bound")
+    kc.check_outputs_and_layers_as_before(results[case], case)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", sorted(EXPECTED))
+@pytest.mark.parametrize("case", sorted(kc.EXPECTED))
 def test_jit_and_predict_run_the_plain_model_and_are_not_measured_per_layer(results: dict[str, Any],
                                                                          case: str) -> None:
     r = results[case]
@@ -98,12 +95,12 @@ def test_jit_and_predict_run_the_plain_model_and_are_not_measured_per_layer(resu
     assert set(j["calls_added"].values()) == {0}
     assert set(r["predict_calls_added"].values()) == {0}
     assert r["predict_bit_identical"]
-    assert r["forwards_after_jit_and_predict"] == FORWARDS
+    assert r["forwards_after_jit_and_predict"] == kc.FORWARDS
 
 
 @pytest.mark.timeout(300)
 def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
-    check_endpoint_paths(results["sequential"])
+    kc.check_endpoint_paths(results["sequential"])
 
 
 @pytest.mark.timeout(300)
@@ -143,7 +140,7 @@ def test_a_trace_is_told_from_an_eager_call_both_ways(results: dict[str, Any]) -
 def test_overlapping_forwards_are_dropped_and_a_failing_one_is_counted(results: dict[str, Any]) -> None:
     # live arrays are the device's too: the threads' forwards cannot be told apart
     b = results["behaviour"]
-    check_overlapping_forwards_dropped(b)
+    kc.check_overlapping_forwards_dropped(b)
     # the one forward that ran alone: its Dense(1024) kept its output, batch 256, exactly
-    assert b["after_threads"]["stats"]["fc"]["retained"] == 256 * 1024 * F32
-    check_failed_forward_counted_and_own_call_back(b)
+    assert b["after_threads"]["stats"]["fc"]["retained"] == 256 * 1024 * kc.F32
+    kc.check_failed_forward_counted_and_own_call_back(b)
