@@ -71,6 +71,12 @@ def run_case(name: str) -> dict[str, Any]:
     out["predict_calls_added"] = common.calls_added(h, before)
     out["predict_bit_identical"] = _same(predicted, plain_predicted)
     out["forwards_after_jit_and_predict"] = h.status()["forwards"]
+    # predict() compiled with run_eagerly=True calls the model eagerly per batch: each is a forward
+    model.compile(run_eagerly=True)
+    before = common.stats(h)
+    eager_predicted = model.predict(x, batch_size=BATCH // 4, verbose=0)
+    out["eager_predict_calls_added"] = common.calls_added(h, before)
+    out["eager_predict_allclose"] = bool(np.allclose(eager_predicted, plain, rtol=1e-5, atol=1e-5))
 
     if name == "sequential":
         srv = common.serve()

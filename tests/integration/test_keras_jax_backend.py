@@ -96,6 +96,9 @@ def test_jit_and_predict_run_the_plain_model_and_are_not_measured_per_layer(resu
     assert set(r["predict_calls_added"].values()) == {0}
     assert r["predict_bit_identical"]
     assert r["forwards_after_jit_and_predict"] == kc.FORWARDS
+    # run_eagerly=True: the model is called eagerly per batch (4 of BATCH // 4 rows), each measured
+    assert set(r["eager_predict_calls_added"].values()) == {4}
+    assert r["eager_predict_allclose"]
 
 
 @pytest.mark.timeout(300)
