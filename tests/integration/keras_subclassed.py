@@ -1,4 +1,4 @@
-"""The subclassed Keras model both Keras children build (torch and TensorFlow backends).
+"""The subclassed Keras model the Keras children build (torch, TensorFlow and JAX backends).
 
 Takes the ``keras`` module as an argument: each child fixes its backend before importing keras, so
 this module imports nothing of keras itself.

@@ -9,8 +9,8 @@ this repository on ``PYTHONPATH``. Without the variable the module is skipped, s
 
 Three models: a Sequential with a nested Sequential, a functional model calling a nested functional
 model (a layer named ``d`` in each), and a subclassed model with layers in a list and custom layers
-holding a sublayer. Checked: the layer paths (written below from the
-model definitions), each Dense layer's figures against the sizes of its tensors, bit-identical
+holding a sublayer (``keras_cases.py``, shared with the JAX test). Checked: the layer paths
+(written in ``keras_checks.py`` from the model definitions), each Dense layer's figures against the sizes of its tensors, bit-identical
 outputs, a ``tf.function`` that is neither traced again nor measured per layer, nothing left on the
 layers after ``uninstrument()``, the endpoint's ``/metrics``, and no torch in the child.
 """
