@@ -118,8 +118,8 @@ def run_case(name: str, build: Callable[[], Case]) -> dict[str, Any]:
 
 
 def _sequential_extras(model: Any, h: Any, x: torch.Tensor) -> dict[str, Any]:
-    """What the endpoint shows, predict(), a layer called on its own, and a max_depth that cuts
-    the Keras tree."""
+    """What the endpoint shows, a deep capture, predict(), a layer called on its own, and a
+    max_depth that cuts the Keras tree."""
     extras: dict[str, Any] = {}
     srv = mp.serve(port=0)
     try:
@@ -128,6 +128,17 @@ def _sequential_extras(model: Any, h: Any, x: torch.Tensor) -> dict[str, Any]:
         extras["metrics"] = get("/metrics")
     finally:
         srv.close()
+
+    # a deep capture of one forward: every allocation under the Keras layer path that made it
+    cap = h.capture(forwards=1)
+    model(x)
+    extras["capture_done"] = cap.wait(30)
+    extras["capture_speedscope"] = cap.speedscope()
+    by_layer: dict[str, int] = {}
+    for stack, nbytes in cap.allocations:  # (model name, layer paths..., op), bytes
+        layer = stack[-2] if len(stack) > 2 else ""
+        by_layer[layer] = by_layer.get(layer, 0) + nbytes
+    extras["capture_bytes_by_layer"] = by_layer
 
     # predict() runs the model eagerly per batch on this backend: every batch is a forward
     before = _stats(h)

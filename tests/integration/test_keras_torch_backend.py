@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.integration.demo_process import REPO
+from tests.schemas import validate_speedscope
 
 if importlib.util.find_spec("keras") is None:  # the dev extra installs it
     pytest.skip("keras is not installed (pip install 'memprof-otel[dev]')", allow_module_level=True)
@@ -112,6 +113,19 @@ def test_the_endpoint_shows_the_keras_paths(results: dict[str, dict[str, Any]]) 
         line = (f'memprof_layer_retained_bytes{{device="cpu",layer="{path}",model="sequential"}} '
                 f'{float(r["stats"][path]["retained"])}')
         assert line in r["metrics"].splitlines(), line
+
+
+@pytest.mark.timeout(300)
+def test_a_deep_capture_names_the_keras_paths_and_their_allocations(results: dict[str, dict[str, Any]]) -> None:
+    r = results["sequential"]
+    assert r["capture_done"] is True
+    doc = r["capture_speedscope"]
+    validate_speedscope(doc)
+    names = {f["name"] for f in doc["shared"]["frames"]}
+    assert EXPECTED["sequential"] - {""} <= names, sorted(names)
+    # each Dense allocates at least its float32 output there: batch x units x 4 bytes
+    for path, units in r["dense_units"].items():
+        assert r["capture_bytes_by_layer"][path] >= r["batch"] * units * F32, (path, r["capture_bytes_by_layer"])
 
 
 @pytest.mark.timeout(300)

@@ -33,7 +33,8 @@ def test_layer_stats_fields_match_spec():
 
 
 def test_public_names_load_lazily_and_timeline_stays_the_function():
-    # in a fresh interpreter: the package imports without torch, and the names load on first use,
+    # in a fresh interpreter: the package imports without torch (nor TensorFlow, Keras or JAX, with
+    # keras installed here), and the names load on first use,
     # whatever submodule was imported before (`memprof_otel.timeline` is also a submodule's name)
     import subprocess
     import sys
@@ -48,6 +49,9 @@ def test_public_names_load_lazily_and_timeline_stays_the_function():
         "assert timeline is mp.timeline and mp.Sample is Sample\n"
         "mp.Instrumentation, mp.instrument, mp.serve, mp.Capture, mp.LayerMemoryStats\n"
         "assert 'torch' not in sys.modules, 'the public names loaded torch'\n"
+        "import memprof_otel.attribution.frameworks, memprof_otel.attribution.keras_tree\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras', 'jax'})\n"
+        "assert not loaded, f'the core install loaded {loaded}'\n"
         "assert set(dir(mp)) >= set(mp.__all__)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
