@@ -1,5 +1,6 @@
 """What every adapter's ``attach`` does whatever the framework: resolve the config, check the
-arguments, refuse a model instrumented already, pick the tracked layer paths, register the handle.
+arguments, pick the tracked layer paths, register the handle (``registry.register`` refuses a model
+instrumented already).
 
 An adapter supplies what is its own (the model's type check, its layer tree, the handle class);
 this module imports no framework.
@@ -7,12 +8,11 @@ this module imports no framework.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any, Callable, TypeVar
 
 from ..capacity.shapes import ShapeOf
 from ..config import AttributionConfig, Config, load_config
-from ..errors import AlreadyInstrumented, InstrumentationError
+from ..errors import InstrumentationError
 from . import registry as live
 from .instrumentation import Instrumentation
 from .selection import filters_selecting_nothing, select_layers
@@ -43,10 +43,8 @@ def tracked_layers(layers: dict[str, Any], model_name: str, acfg: AttributionCon
 
 
 def attach_handle(model: Any, name: str | None, config: Any, shape_of: ShapeOf | None,
-                  overrides: dict[str, Any], instrumented: "weakref.WeakKeyDictionary[Any, Any]",
-                  make: Callable[[str, Config], H]) -> H:
-    """Build, register and record the handle of ``model`` with ``make(chosen name, config)``;
-    ``instrumented`` is the adapter's table of live handles by model (weak: a dropped model goes).
+                  overrides: dict[str, Any], make: Callable[[str, Config], H]) -> H:
+    """Build and register the handle of ``model`` with ``make(chosen name, config)``.
 
     ``config`` None: defaults + env; a ``Config`` without overrides is used as it is (``mp.instrument``
     resolves the config tolerantly, bad env left out, before this); anything else is loaded strictly.
@@ -57,22 +55,10 @@ def attach_handle(model: Any, name: str | None, config: Any, shape_of: ShapeOf |
         cfg = load_config(config, **overrides)
     if name is not None and (not isinstance(name, str) or not name):
         raise InstrumentationError(f"name must be a non-empty string, got {name!r}")
-    existing = instrumented.get(model)
-    if existing is not None and not existing._closed:
-        raise AlreadyInstrumented(f"this {type(model).__name__} is already instrumented as "
-                                  f"{existing.name!r}; call uninstrument() on that handle first")
     if shape_of is not None and not callable(shape_of):
         raise InstrumentationError(f"shape_of must be a callable (args, kwargs) -> dict[str, int], "
                                    f"got {type(shape_of).__name__}")
-    h = live.register(name, type(model).__name__, lambda chosen: make(chosen, cfg))
-    instrumented[model] = h
-    return h
+    return live.register(model, name, type(model).__name__, lambda chosen: make(chosen, cfg))
 
 
-def forget(instrumented: "weakref.WeakKeyDictionary[Any, Any]", model: Any, h: Instrumentation) -> None:
-    """Drop ``model``'s record in its adapter's table if it is still ``h``'s."""
-    if model is not None and instrumented.get(model) is h:
-        del instrumented[model]
-
-
-__all__ = ["attach_handle", "forget", "tracked_layers"]
+__all__ = ["attach_handle", "tracked_layers"]

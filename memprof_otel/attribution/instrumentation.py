@@ -116,9 +116,6 @@ class Instrumentation:
     def _release_open_forwards(self) -> None:
         """End the attributed forwards still open in other threads (uninstrument's cleanup)."""
 
-    def _forget_model(self) -> None:
-        """Drop the adapter's record that this model is instrumented."""
-
     # ---- lifecycle ---------------------------------------------------------------------------
     def pause(self) -> None:
         """Remove the root hooks (the model runs exactly as plain); stats and config are kept."""
@@ -140,7 +137,6 @@ class Instrumentation:
             cap.cancel("the model was uninstrumented before its forwards were captured")
         self._release_open_forwards()
         self._notify(lambda obs: obs.uninstrumented(self))
-        self._forget_model()
         live.unregister(self)
         if self.survivors is not None:
             self.survivors.clear()  # drop the held weakrefs: nothing reads this table any more

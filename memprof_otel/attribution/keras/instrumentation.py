@@ -28,14 +28,13 @@ from ...config import Config
 from ...dumps.capture import Capture
 from ...errors import CaptureUnsupported, InstrumentationError
 from ...sources.base import HotCounter
-from ..attaching import attach_handle, forget, tracked_layers
+from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
 from ..keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
 from .backend import KerasBackend
 
 _log = logging.getLogger("memprof_otel")
-_INSTRUMENTED: "weakref.WeakKeyDictionary[Any, KerasInstrumentation]" = weakref.WeakKeyDictionary()
 _perf_counter = time.perf_counter
 
 
@@ -166,9 +165,6 @@ class KerasInstrumentation(Instrumentation):
 
     def _reattach(self) -> None:
         self._attach()
-
-    def _forget_model(self) -> None:
-        forget(_INSTRUMENTED, self._model_ref(), self)
 
     def capture(self, forwards: int = 1) -> Capture:
         """Deep captures record each op's allocations, which only the torch adapter can see."""
@@ -306,7 +302,7 @@ def attach_for(backend: KerasBackend) -> Callable[..., KerasInstrumentation]:
         if not is_keras_layer(model) or keras_backend_of(model) != backend.name:
             raise InstrumentationError(f"this adapter takes a Keras 3 model on the {backend.title} backend, "
                                        f"got {type(model).__module__}.{type(model).__qualname__}")
-        return attach_handle(model, name, config, shape_of, overrides, _INSTRUMENTED,
+        return attach_handle(model, name, config, shape_of, overrides,
                              lambda chosen, cfg: KerasInstrumentation(model, chosen, cfg, backend, shape_of))
     return attach
 

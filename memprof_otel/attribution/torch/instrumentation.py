@@ -34,14 +34,13 @@ from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from .. import registry as live
-from ..attaching import attach_handle, forget, tracked_layers
+from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
 
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
-_INSTRUMENTED: "weakref.WeakKeyDictionary[nn.Module, TorchInstrumentation]" = weakref.WeakKeyDictionary()
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
 # Every instrumented forward's opening, process-wide: an attributed forward that reads the CUDA
 # allocator at its boundaries sees every thread's allocations on the device, so it must know
@@ -185,9 +184,6 @@ class TorchInstrumentation(Instrumentation):
         model = self._model_ref()
         if model is not None:
             self._attach(model)
-
-    def _forget_model(self) -> None:
-        forget(_INSTRUMENTED, self._model_ref(), self)
 
     def object_paths(self) -> dict[int, str]:
         """``id(module) -> module path`` for every module of the model, tracked or not (for a
@@ -749,7 +745,7 @@ def attach(model: nn.Module, name: str | None = None, config: Any = None, shape_
     if isinstance(model, nn.TransformerEncoderLayer):
         rate_limited.warning("fastpath", "memprof_otel: a bare nn.TransformerEncoderLayer as root "
                              "loses its fused fast path to our root hook; instrument its parent")
-    h = attach_handle(model, name, config, shape_of, overrides, _INSTRUMENTED,
+    h = attach_handle(model, name, config, shape_of, overrides,
                       lambda chosen, cfg: TorchInstrumentation(model, chosen, cfg, shape_of))
     _report_degradations(h)
     return h
