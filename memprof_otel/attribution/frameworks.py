@@ -31,28 +31,24 @@ def _is_torch_module(model: Any) -> bool:
     return torch is not None and isinstance(model, torch.nn.Module)
 
 
-def _is_keras_on_tensorflow(model: Any) -> bool:
-    return is_keras_layer(model) and keras_backend_of(model) == "tensorflow"
-
-
-def _is_keras_on_jax(model: Any) -> bool:
-    return is_keras_layer(model) and keras_backend_of(model) == "jax"
-
-
-# (framework, is one of its models, the adapter module with its ``attach``)
-_ADAPTERS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
-    ("torch", _is_torch_module, "memprof_otel.attribution.torch.instrumentation"),
-    ("tensorflow", _is_keras_on_tensorflow, "memprof_otel.attribution.tensorflow.instrumentation"),
-    ("jax", _is_keras_on_jax, "memprof_otel.attribution.jax.instrumentation"),
-)
+# a Keras model's backend (``keras_backend_of``) -> the adapter module with its ``attach``. A Keras
+# model on the torch backend is a torch.nn.Module: the torch adapter takes it, before this table.
+_TORCH_ADAPTER = "memprof_otel.attribution.torch.instrumentation"
+_KERAS_ADAPTERS = {
+    "tensorflow": "memprof_otel.attribution.tensorflow.instrumentation",
+    "jax": "memprof_otel.attribution.jax.instrumentation",
+}
 
 
 def adapter_for(model: Any) -> Attach:
     """The ``attach`` of the adapter that handles ``model``; InstrumentationError for a model of no
     framework we instrument."""
-    for _, matches, module in _ADAPTERS:
-        if matches(model):
-            return importlib.import_module(module).attach  # type: ignore[no-any-return]
+    if _is_torch_module(model):
+        module: str | None = _TORCH_ADAPTER
+    else:
+        module = _KERAS_ADAPTERS.get(keras_backend_of(model) or "")
+    if module is not None:
+        return importlib.import_module(module).attach  # type: ignore[no-any-return]
     kind = f"{type(model).__module__}.{type(model).__qualname__}"
     takes = ("instrument() takes a PyTorch model (a torch.nn.Module, a Keras 3 model on the torch "
              "backend included) or a Keras 3 model on the TensorFlow or JAX backend")

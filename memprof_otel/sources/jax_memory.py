@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from memprof_otel.sources.base import Reading
+from .base import Reading
 
 __all__ = ["JaxMemoryCounter", "LiveArrayBytes", "jax_device_label"]
 

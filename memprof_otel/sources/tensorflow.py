@@ -22,7 +22,7 @@ import threading
 
 import tensorflow as tf
 
-from memprof_otel.sources.base import Reading
+from .base import Reading
 
 __all__ = ["TfAllocatorCounter", "tf_device_label"]
 
