@@ -7,8 +7,8 @@ recent one, shown as ``file:line``.
 
 Allocations whose allocating frame is in tracemalloc itself (the first snapshot's own lists) or in
 the import machinery are left out, and so are memprof-otel's own (``OwnCode``): walking a traceback
-from the allocating frame to older ones, past the standard library, installed packages and generated code (``<string>``), the first
-frame met is ours — its sampler thread waiting on an ``Event``, the OTel SDK building its span, its
+from the allocating frame to older ones, past the standard library, installed packages and
+generated code (``<string>``), the first frame met is ours — its sampler thread waiting on an ``Event``, the OTel SDK building its span, its
 buffers — unless that frame is one of ours that calls the application (an ``operation`` decorator's
 wrapper, a user's callback): then what it allocated below is the application's. A traceback of
 library frames alone, cut by the frame limit, cannot be told apart and is kept.
