@@ -16,7 +16,6 @@ so what is traced is the plain model and nothing of ours runs afterwards.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -32,48 +31,16 @@ from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
 from ..keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
+from ..open_forwards import OpenForwards
 from .backend import KerasBackend
 
 _log = logging.getLogger("memprof_otel")
 _perf_counter = time.perf_counter
 
 
-class _OpenForwards:
-    """The forwards of instrumented Keras models (TF or JAX backend) open now, process-wide.
-
-    The backends' counters are the device's: every thread's (and every model's) tensors move
-    them, and each forward resets the one peak window at its boundaries. A forward's figures
-    hold only if no other forward was open at its start, none opened while it ran and none is open
-    at its end; anything else is dropped as "concurrent".
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._openings = itertools.count(1)
-        self._per_thread: dict[int, int] = {}  # thread ident -> forwards it has open (nesting)
-
-    def open(self) -> tuple[int, bool]:
-        """Record a forward opening on this thread: (its opening number, was another open?)."""
-        ident = threading.get_ident()
-        with self._lock:
-            others = bool(self._per_thread)  # any thread's, this one's included (another model's)
-            self._per_thread[ident] = self._per_thread.get(ident, 0) + 1
-            return next(self._openings), others
-
-    def close(self) -> None:
-        ident = threading.get_ident()
-        with self._lock:
-            left = self._per_thread.pop(ident, 1) - 1
-            if left > 0:  # an outer forward of this thread (another model) is still open
-                self._per_thread[ident] = left
-
-    def undisturbed(self, opened: int) -> bool:
-        """After this thread's ``close()``: did the forward numbered ``opened`` run alone?"""
-        with self._lock:
-            return next(self._openings) == opened + 1 and not self._per_thread
-
-
-_OPEN = _OpenForwards()
+# The forwards of instrumented Keras models (TF or JAX backend), process-wide: the backends'
+# counters are the device's, moved by every thread's (and every model's) arrays.
+_OPEN = OpenForwards()
 
 
 class _ThreadLocal(threading.local):
@@ -82,7 +49,7 @@ class _ThreadLocal(threading.local):
     sink: ForwardState | None = None   # the same while layer calls go to it (not a root reading)
     start_s = 0.0
     self_time_s = 0.0
-    opened = 0                         # the forward's opening number (_OpenForwards)
+    opened = 0                         # the forward's opening number (OpenForwards.open)
     overlapped = False
     shape: dict[str, int] | None = None
 
@@ -202,7 +169,8 @@ class KerasInstrumentation(Instrumentation):
             self._close(tls, _perf_counter(), raised, exc)
 
     def _open(self, tls: _ThreadLocal, t: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        tls.opened, tls.overlapped = _OPEN.open()
+        tls.opened = _OPEN.open()
+        tls.overlapped = _OPEN.another_thread_open()
         tls.state = tls.sink = None
         tls.shape = None
         counter = self._counter
@@ -245,7 +213,7 @@ class KerasInstrumentation(Instrumentation):
             try:
                 calls = state.finish(t, raised)
                 shape, tls.shape = tls.shape, None
-                alone = not state.overlapped and _OPEN.undisturbed(tls.opened)
+                alone = not state.overlapped and _OPEN.ran_alone(tls.opened)
                 self._publish(state, calls, t, raised, shape, None if alone else "concurrent")
             except Exception as e:
                 self._count_error("finish", e)

@@ -37,17 +37,16 @@ from .. import registry as live
 from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
+from ..open_forwards import OpenForwards
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
 
 _LEDGER_DOWN: str | None = _torch_compat.ledger_reason()  # why CPU attribution cannot run, if so
 _CALL_IMPL_CODE = nn.Module._call_impl.__code__
-# Every instrumented forward's opening, process-wide: an attributed forward that reads the CUDA
+# Every instrumented torch forward, process-wide: an attributed forward that reads the CUDA
 # allocator at its boundaries sees every thread's allocations on the device, so it must know
-# whether another forward ran meanwhile. ``next()`` on a count is one C call (atomic under the
-# GIL); the dict holds the threads with a forward open now.
-_opened = itertools.count()
-_open_threads: dict[int, int] = {}
+# whether another forward ran meanwhile.
+_OPEN = OpenForwards()
 
 
 
@@ -55,9 +54,9 @@ _open_threads: dict[int, int] = {}
 def _share_counter(state: ForwardState, shared: bool) -> None:
     """Mark a forward whose counter is the device's (CUDA allocator statistics), shared by every
     thread: its figures hold only if no other forward runs meanwhile, checked now (another thread
-    has one open; ours is in ``_open_threads`` already) and again at its end (``_dropped``)."""
+    has one open) and again at its end (``_dropped``)."""
     state.shared_counter = shared
-    state.overlapped = shared and len(_open_threads) > 1
+    state.overlapped = shared and _OPEN.another_thread_open()
 
 
 class _ThreadLocal(threading.local):
@@ -222,9 +221,7 @@ class TorchInstrumentation(Instrumentation):
         tls.open_key = key
         tls.depth = 1
         tls.start_s = t
-        ident = threading.get_ident()
-        _open_threads[ident] = _open_threads.get(ident, 0) + 1
-        tls.opened = next(_opened)
+        tls.opened = _OPEN.open()
         tls.state = None
         tls.busy = True
         try:
@@ -303,10 +300,7 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
-        ident = threading.get_ident()
-        left = _open_threads.pop(ident, 1) - 1
-        if left > 0:  # another instrumented model's forward is still open on this thread
-            _open_threads[ident] = left
+        _OPEN.close()
         if raised:
             self.forward_errors += 1
         state = tls.state
@@ -538,11 +532,8 @@ class TorchInstrumentation(Instrumentation):
         """Why this forward's figures must not be published, or None."""
         if state.lost is not None:
             return "trace_lost"
-        if state.shared_counter:
-            others_opened = next(_opened) - self._tls.opened > 1
-            # our own thread left _open_threads in _close already: any entry is another forward
-            if state.overlapped or others_opened or _open_threads:
-                return "concurrent"
+        if state.shared_counter and (state.overlapped or not _OPEN.ran_alone(self._tls.opened)):
+            return "concurrent"
         return None
 
     def _pop_mode(self) -> None:
