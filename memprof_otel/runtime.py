@@ -54,8 +54,15 @@ from .watchdog.adapter import AlertCallback, Watchdog
 log = logging.getLogger("memprof_otel")
 
 
+# An operation's rise is a peak minus its start level, so the start level must not predate it:
+# glibc's figure is read at most every ~0.1 s (its cost stays under 0.1 %), and a reading older
+# than this is left out of the operation (the live RSS and CUDA readings still measure it).
+_HOST_START_MAX_AGE_S = 0.1
+
+
 class _Probe:
-    """Cheap start/end readings for operations: a statm pread and the allocators' last readings."""
+    """Cheap start/end readings for operations: a statm pread, the CUDA allocators' live readings
+    and glibc's when it is fresh (a read within its back-off)."""
 
     def rss(self) -> int:
         p = registry.process()
@@ -65,7 +72,9 @@ class _Probe:
         out: dict[str, int] = {}
         host = registry.host_allocator()
         if host is not None:
-            out["cpu"] = host.reading().allocated
+            fresh = host.fresh_reading(_HOST_START_MAX_AGE_S)
+            if fresh is not None:
+                out["cpu"] = fresh.allocated
         for i in _cuda_devices():
             src = registry.cuda_allocator(i)
             if src is not None:

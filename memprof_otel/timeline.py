@@ -130,9 +130,11 @@ class OperationRecord:
     @property
     def peak_increase_bytes(self) -> int:
         """The operation's own need: the largest rise above its start level, over RSS and each
-        allocator (peak while open minus the level at the start; 0 when nothing rose)."""
+        allocator read at the start (peak while open minus the level at the start; 0 when nothing
+        rose). An allocator without a start figure has no rise: from 0 it would be its level."""
         rises = [max(self.rss_peak, self.rss_end or 0) - self.rss_start]
-        rises += [peak - self.device_start.get(dev, 0) for dev, peak in self.device_peak.items()]
+        rises += [peak - self.device_start[dev] for dev, peak in self.device_peak.items()
+                  if dev in self.device_start]
         return max(0, *rises)
 
     def observe(self, rss: int, allocators: Mapping[str, int] | None = None) -> None:

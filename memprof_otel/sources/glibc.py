@@ -270,6 +270,15 @@ class HostAllocatorSource:
         """The last read's figures. Never calls mallinfo2: safe in per-layer hooks."""
         return self._reading
 
+    def fresh_reading(self, max_age_s: float) -> Reading | None:
+        """A read within the back-off, then the figures if that read is at most ``max_age_s``
+        old, else None: for callers that compare against a moment (an operation's start), where
+        a reading from before it would count what happened earlier as theirs."""
+        self.read()
+        with self._lock:
+            fresh = self._clock() - self._last_read_at <= max_age_s
+        return self._reading if fresh else None
+
     def allocated(self) -> int:
         return self._reading.allocated
 

@@ -91,11 +91,17 @@ class OperationTracker:
                 self.count_error("end-listener", e)
 
     def _read(self) -> tuple[int, dict[str, int]]:
+        # apart, so a failing allocator read leaves the RSS figure (and the reverse)
+        rss, allocs = 0, {}
         try:
-            return int(self.probe.rss()), self.probe.allocators()
+            rss = int(self.probe.rss())
         except Exception as e:
             self.count_error("probe", e)
-            return 0, {}
+        try:
+            allocs = self.probe.allocators()
+        except Exception as e:
+            self.count_error("probe", e)
+        return rss, allocs
 
     def count_error(self, where: str, e: BaseException) -> None:
         self.errors += 1

@@ -28,6 +28,11 @@ def _layer_lines(text: str) -> list[str]:
     return out
 
 
+def _series(line: str) -> str:
+    """A sample line without its value (comment lines whole)."""
+    return line if line.startswith("#") else line.rsplit(" ", 1)[0]
+
+
 class Odd(nn.Module):
     """Module names that need escaping in a label value."""
 
@@ -63,7 +68,9 @@ def test_fast_layer_block_equals_prometheus_client_in_text_and_openmetrics():
         # THEN the layer lines are exactly prometheus_client's, and nothing else changed
         ours, theirs = _layer_lines(text), _layer_lines(reference)
         assert len(theirs) > 20 and ours == theirs
-        assert sorted(text.splitlines()) == sorted(reference.splitlines())
+        # the other families are read twice, moments apart: process and GC figures move between
+        # the two reads, so outside the layer families the series must agree, not their values
+        assert sorted(map(_series, text.splitlines())) == sorted(map(_series, reference.splitlines()))
         if accept:
             assert text.endswith("# EOF\n") and text.count("# EOF") == 1
             # OpenMetrics names each family's unit; the ratio and summary families too

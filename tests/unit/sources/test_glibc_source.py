@@ -296,3 +296,23 @@ def test_a_failing_read_does_not_wedge_the_source(tmp_path: Path) -> None:
     fail[0] = False
     src.read(force=True)
     assert src.reads == 2 and src.reading().allocated == 1_200_000
+
+
+def test_fresh_reading_reads_when_allowed_and_refuses_a_reading_older_than_asked(tmp_path: Path) -> None:
+    clock = SimpleNamespace(now=100.0)
+    heap = {"now": HEAP}
+
+    def costs_5ms() -> dict[str, int]:
+        clock.now += 0.005
+        return heap["now"]
+
+    src = fake_source(costs_5ms, tmp_path, clock=lambda: clock.now)  # back-off: 5 s
+    heap["now"] = mallinfo(arena=2_000_000, uordblks=1_700_000, fordblks=300_000)
+    clock.now += 1.0
+    # GIVEN a cached reading 1 s old that the back-off will not replace yet
+    assert src.fresh_reading(0.1) is None and src.reads == 1
+    assert src.fresh_reading(2.0).allocated == 1_200_000  # old enough is the caller's call
+    # WHEN the back-off allows a read THEN the figures are the new ones
+    clock.now += 5.0
+    r = src.fresh_reading(0.1)
+    assert r is not None and r.allocated == 1_700_000 and src.reads == 2
