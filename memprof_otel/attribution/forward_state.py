@@ -112,9 +112,9 @@ class ForwardState:
             return
         t = _perf_counter()
         try:
-            self._exit(key, t, raised)
+            closed = self._exit(key, t, raised)
             if self.listener is not None:
-                self.listener.exit(path, module, t)
+                self.listener.exit(path, module, t, closed)
         except Exception as e:
             self.on_error("layer_exit", e)
         self.self_time_s += _perf_counter() - t
@@ -136,7 +136,7 @@ class ForwardState:
         if self.events is not None:
             self.events.append((t - self.origin_s, "layer_enter", path, r[0] + self.baseline))
 
-    def _exit(self, key: int, t: float, raised: bool) -> None:
+    def _exit(self, key: int, t: float, raised: bool) -> list[LayerCall]:
         r = self._read()
         closed = self._exit_t(key, r, t, raised)
         self.calls += closed
@@ -147,3 +147,4 @@ class ForwardState:
             level = r[0] + self.baseline
             for c in closed:
                 self.events.append((at, "layer_exit", c[0], level, c[2] - c[1], c[3] - c[1], c[6], c[8]))
+        return closed

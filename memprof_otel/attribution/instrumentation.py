@@ -50,6 +50,10 @@ class Instrumentation:
     """The handle ``instrument()`` returns (a ``ModelHandle``). ``uninstrument()`` is idempotent;
     the handle is also a context manager that uninstruments on exit."""
 
+    # Can a capture see each op's allocations (a dispatch to hook, as torch's)? Else its profile
+    # weighs the innermost layer calls by their peak increase (``dumps/capture.py``).
+    captures_ops = True
+
     def __init__(self, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
         self.name = name
         self.config = config
@@ -257,7 +261,7 @@ class Instrumentation:
         """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
         if self._closed:
             raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
-        cap = Capture(self.name, forwards)
+        cap = Capture(self.name, forwards, per_op=self.captures_ops)
         with live.LOCK:
             current = self._capture
             if current is not None and not current.done:
@@ -273,9 +277,17 @@ class Instrumentation:
             raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
         self.last_capture.save(path)
 
-    def _capture_done(self, cap: Capture) -> None:
-        """Tell the observers a capture completed (the OTel recorder emits its spans)."""
-        self._notify(lambda obs: obs.capture_done(self, cap))
+    def _captured_forward_ended(self, cap: Capture, end: float, root: LayerCall | None) -> None:
+        """One forward of ``cap`` ended: count it in; once the capture has its forwards, free the
+        handle for the next capture and tell the observers (the OTel recorder emits its spans)."""
+        cap.forward_finished(end, root)
+        if not cap.done:
+            return
+        with live.LOCK:
+            if self._capture is cap:
+                self._capture = None
+        if not cap.cancelled:
+            self._notify(lambda obs: obs.capture_done(self, cap))  # never raises: errors are counted
 
     def reset_stats(self) -> None:
         """Forget the per-layer figures and events. Surviving bytes stay: they are a level of

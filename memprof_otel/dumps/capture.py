@@ -5,13 +5,18 @@ attributed whatever the scheduler says; on each of them the tensor ledger (also 
 models, for the per-op view) reports every fresh storage to the capture with the op that made it,
 and the per-layer hooks report module entries and exits. Presentation is separate: ``speedscope()``
 turns what was recorded into a speedscope document through the pure builder.
+
+Where no per-op view exists (Keras on TensorFlow or JAX: no dispatch to hook), a capture made with
+``per_op=False`` weighs each innermost layer call by its peak increase instead: the frame of a
+layer with sublayers is then the sum of its sublayers' needs, the memory of ops between them unseen.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from .._version import __version__
 from ..errors import MemprofError
@@ -19,8 +24,20 @@ from ..files import write_json_atomic
 from .speedscope import balanced_calls, build_speedscope
 
 
+class LayerCall(Protocol):
+    """What a capture reads of a closed layer call (``attribution.peaks.LayerCall`` has it; this
+    layer sits below attribution, so it names the fields rather than importing the class)."""
+    @property
+    def path(self) -> str: ...
+    @property
+    def entry_level(self) -> int: ...
+    @property
+    def peak_level(self) -> int: ...
+
+
 class Capture:
-    def __init__(self, model_name: str, forwards: int, max_records: int = 2_000_000) -> None:
+    def __init__(self, model_name: str, forwards: int, max_records: int = 2_000_000, *,
+                 per_op: bool = True) -> None:
         if isinstance(forwards, bool) or not isinstance(forwards, int) or not 1 <= forwards <= 1000:
             raise ValueError(f"forwards must be an int in [1, 1000], got {forwards!r}")
         self.model_name = model_name
@@ -39,6 +56,10 @@ class Capture:
         self.failed: str | None = None  # why it ended before its forwards (uninstrumented, ...)
         self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
         self.cuda_snapshot: dict[str, Any] | None = None
+        self.per_op = per_op
+        self.measure = "bytes allocated" if per_op else "peak increase of innermost layer calls"
+        # per_op=False: beside each open frame, "no sublayer called inside it yet"
+        self._innermost: list[bool] = []
 
     # ---- what users call -------------------------------------------------------------------
     @property
@@ -76,7 +97,7 @@ class Capture:
             calls = balanced_calls(self.calls)
         return build_speedscope(f"{self.model_name} ({self.completed} forward"
                                 f"{'s' if self.completed != 1 else ''})", allocations, calls,
-                                exporter=f"memprof-otel {__version__}")
+                                exporter=f"memprof-otel {__version__}", measure=self.measure)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         write_json_atomic(self.speedscope(), path)
@@ -96,9 +117,14 @@ class Capture:
 
     def forward_started(self, t: float) -> None:
         self._stack = [self.model_name]
+        self._innermost = [True]
         self.calls.append(("O", self.model_name, t))
 
-    def forward_finished(self, t: float) -> None:
+    def forward_finished(self, t: float, root: LayerCall | None = None) -> None:
+        """The forward ended; ``root`` is its root call's figures (``per_op=False``: the root's
+        peak increase weighs the forward when no sublayer was called)."""
+        if not self.per_op and root is not None and self._innermost[:1] == [True]:
+            self._weigh((self.model_name,), root)
         with self._lock:
             while self._stack:
                 self.calls.append(("C", self._stack.pop(), t))
@@ -118,14 +144,31 @@ class Capture:
     def enter(self, path: str, module: Any, t: float) -> None:
         self._stack.append(path)
         self.calls.append(("O", path, t))
+        if not self.per_op:
+            if self._innermost:
+                self._innermost[-1] = False
+            self._innermost.append(True)
 
-    def exit(self, path: str, module: Any, t: float) -> None:
-        if path in self._stack:
-            while self._stack:
-                top = self._stack.pop()
-                self.calls.append(("C", top, t))
-                if top == path:
-                    break
+    def exit(self, path: str, module: Any, t: float, closed: Sequence[LayerCall] = ()) -> None:
+        """``closed``: the calls the exit closed, innermost first (their figures)."""
+        if path not in self._stack:
+            return
+        if not self.per_op and closed and closed[0].path == path and self._stack[-1] == path \
+                and self._innermost[-1:] == [True]:
+            self._weigh(tuple(self._stack), closed[0])
+        while self._stack:
+            top = self._stack.pop()
+            if self._innermost:
+                self._innermost.pop()
+            self.calls.append(("C", top, t))
+            if top == path:
+                break
+
+    def _weigh(self, stack: tuple[str, ...], call: LayerCall) -> None:
+        if len(self.allocations) >= self.max_records:
+            self.dropped += 1
+            return
+        self.allocations.append((stack, max(0, call.peak_level - call.entry_level)))
 
 
 def _op_name(func: Any) -> str:

@@ -280,7 +280,7 @@ def openapi_document() -> dict[str, Any]:
                     "with the request (202, Location: its status) unless `wait` lets it finish (200)", {
                         "200": "finished within wait: the request, complete, with the stored dump",
                         "202": "pending: poll the Location (GET /v1/dumps/{id})",
-                        "400": "bad parameter", "404": "unknown model", "409": "another capture runs on the model, or its framework has no deep captures",
+                        "400": "bad parameter", "404": "unknown model", "409": "another capture runs on the model, or its backend gives no memory figures on its device",
                         "500": "failed within wait: unexpected error", "504": "failed within wait: no forward in time",
                         "507": "failed within wait: dump could not be stored", **auth, **mutating}, [
         _q("kind", {"type": "string", "enum": ["speedscope"]}, "dump format"),

@@ -75,3 +75,40 @@ def check_failed_forward_counted_and_own_call_back(b: dict[str, Any]) -> None:
     # the failed forward and the one after it are both attributed (the failure's layers flagged raised)
     assert {s["calls"] for s in after["stats"].values()} == {3}
     assert b["own_call_restored"] is True
+
+
+# the Sequential case's innermost layers: a capture weighs these calls and no others
+INNERMOST = {"sequential": {"d1", "inner.d_in", "inner.act"}}
+
+
+def _weighed(doc: dict[str, Any]) -> dict[tuple[str, ...], int]:
+    """The sampled profile of a speedscope document: stack of frame names -> weight."""
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    prof = doc["profiles"][0]
+    return {tuple(names[i] for i in s): w for s, w in zip(prof["samples"], prof["weights"])}
+
+
+def check_captures(r: dict[str, Any]) -> None:
+    """A capture of the Sequential case, in Python and over HTTP: each innermost layer call under
+    its Keras path, weighed by its peak increase: at least the Dense's float32 output (batch x
+    units x 4 bytes) and at most its two results (the product and the bias added) alive together."""
+    assert r["capture_done"] is True
+    doc = r["capture_speedscope"]
+    assert doc["profiles"][0]["name"].endswith("peak increase of innermost layer calls")
+    assert set(r["capture_weights"]) == INNERMOST["sequential"]
+    for path, units in r["dense_units"].items():
+        out_bytes = r["batch"] * units * F32
+        assert out_bytes <= r["capture_weights"][path] <= 2 * out_bytes, (path, r["capture_weights"])
+    assert r["capture_weights"]["inner.act"] >= r["batch"] * 1024 * F32  # the ReLU's own output
+    stacks = {("sequential", "d1"), ("sequential", "inner", "inner.d_in"), ("sequential", "inner", "inner.act")}
+    assert set(_weighed(doc)) == stacks
+    # the module calls in time order: the outer model, then its layers, nested as defined
+    opened = [doc["shared"]["frames"][e["frame"]]["name"] for e in doc["profiles"][1]["events"] if e["type"] == "O"]
+    assert opened == ["sequential", "d1", "inner", "inner.d_in", "inner.act"]
+    # over HTTP: accepted (202), complete after a forward, the stored dump weighs the same stacks
+    assert r["dump_post_status"] == 202 and r["dump_job"]["status"] == "complete", r["dump_job"]
+    assert r["dump_job"]["dump"]["kind"] == "speedscope"
+    http = _weighed(r["dump_speedscope"])
+    assert set(http) == stacks
+    for stack, w in http.items():
+        assert w >= r["batch"] * 1024 * F32, (stack, w)

@@ -4,6 +4,7 @@ before importing keras, then imports this."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -57,3 +58,36 @@ def endpoint_layers_and_metrics(h: Any, srv: Any) -> dict[str, Any]:
 
 def serve() -> Any:
     return mp.serve(port=0)
+
+
+def captures(h: Any, forward: Any, srv: Any) -> dict[str, Any]:
+    """A capture of one forward in Python (``h.capture``), and one asked over HTTP (``POST
+    /v1/dumps``, then forwards until the request is complete) with the dump it stored."""
+    out: dict[str, Any] = {}
+    cap = h.capture(forwards=1)
+    forward()
+    out["capture_done"] = cap.wait(30)
+    out["capture_speedscope"] = cap.speedscope()
+    # (model name, layer paths...) -> bytes: the innermost path of each weighed stack
+    out["capture_weights"] = {stack[-1] if len(stack) > 1 else "": n for stack, n in cap.allocations}
+
+    def call(method: str, path: str) -> tuple[int, dict[str, Any]]:
+        req = urllib.request.Request(srv.url + path, method=method, data=b"" if method == "POST" else None,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, job = call("POST", f"/v1/dumps?model={h.name}&timeout=30")
+    out["dump_post_status"] = status
+    for _ in range(50):  # the request's capture starts on the server's thread: forwards until it has one
+        if job.get("status") != "pending":
+            break
+        forward()
+        status, job = call("GET", f"/v1/dumps/{job['id']}?wait=0.2")
+    out["dump_job"] = job
+    if job.get("status") == "complete":
+        out["dump_speedscope"] = call("GET", job["dump"]["url"])[1]
+    return out

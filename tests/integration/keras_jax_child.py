@@ -82,6 +82,7 @@ def run_case(name: str) -> dict[str, Any]:
         srv = common.serve()
         try:
             out.update(common.endpoint_layers_and_metrics(h, srv))
+            out.update(common.captures(h, lambda: model(x), srv))
         finally:
             srv.close()
     out.update(common.pause_resume_uninstrument(h, model))

@@ -15,8 +15,6 @@ os.environ["KERAS_BACKEND"] = "tensorflow"  # before keras is imported: it reads
 
 import json  # noqa: E402
 import sys  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -28,7 +26,7 @@ import memprof_otel as mp  # noqa: E402
 from tests.integration.keras_behaviour import behaviour  # noqa: E402
 from tests.integration.keras_cases import CASES, Case  # noqa: E402
 from tests.integration.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
-                                                  calls_added, endpoint_layers_and_metrics,
+                                                  calls_added, captures, endpoint_layers_and_metrics,
                                                   pause_resume_uninstrument, stats)
 from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
 
@@ -80,28 +78,16 @@ def run_case(name: str, build: Callable[[Any, int], Case]) -> dict[str, Any]:
     out["eager_predict_allclose"] = bool(np.allclose(eager_predicted, plain, rtol=1e-5, atol=1e-5))
 
     if name == "sequential":
-        out.update(_endpoint(h))
+        out.update(_endpoint(h, model, x))
     out.update(pause_resume_uninstrument(h, model))
     out["bit_identical_after"] = bool(np.array_equal(model(x).numpy(), plain))
     return out
 
 
-def _endpoint(h: Any) -> dict[str, Any]:
+def _endpoint(h: Any, model: Any, x: Any) -> dict[str, Any]:
     srv = mp.serve(port=0)
     try:
-        out = endpoint_layers_and_metrics(h, srv)
-        # a deep capture: refused at once, in Python and over HTTP, with what the model has instead
-        try:
-            h.capture()
-        except mp.CaptureUnsupported as e:
-            out["capture_error"] = str(e)
-        req = urllib.request.Request(srv.url + f"/v1/dumps?model={h.name}", method="POST", data=b"",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            urllib.request.urlopen(req, timeout=10)
-        except urllib.error.HTTPError as e:
-            out["dump_post"] = [e.code, json.loads(e.read())["error"]]
-        return out
+        return {**endpoint_layers_and_metrics(h, srv), **captures(h, lambda: model(x), srv)}
     finally:
         srv.close()
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.integration.demo_process import REPO
+from tests.schemas import validate_speedscope
 from tests.integration import keras_checks as kc
 
 JAX_PYTHON = os.environ.get("MEMPROF_TEST_JAX_PYTHON")
@@ -104,6 +105,14 @@ def test_jit_and_predict_run_the_plain_model_and_are_not_measured_per_layer(resu
 @pytest.mark.timeout(300)
 def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
     kc.check_endpoint_paths(results["sequential"])
+
+
+@pytest.mark.timeout(300)
+def test_a_capture_weighs_each_innermost_layer_call_in_python_and_over_http(results: dict[str, Any]) -> None:
+    r = results["sequential"]
+    validate_speedscope(r["capture_speedscope"])
+    validate_speedscope(r["dump_speedscope"])
+    kc.check_captures(r)
 
 
 @pytest.mark.timeout(300)

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from tests.integration.demo_process import REPO
-from tests.integration.keras_checks import (EXPECTED, F32, check_endpoint_paths,
+from tests.schemas import validate_speedscope
+from tests.integration.keras_checks import (EXPECTED, F32, check_captures, check_endpoint_paths,
                                             check_failed_forward_counted_and_own_call_back,
                                             check_models_keep_their_outputs, check_outputs_and_layers_as_before,
                                             check_overlapping_forwards_dropped, check_paths_and_calls)
@@ -133,10 +134,11 @@ def test_the_endpoint_shows_the_keras_paths(results: dict[str, Any]) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_deep_capture_is_refused_saying_why(results: dict[str, Any]) -> None:
+def test_a_capture_weighs_each_innermost_layer_call_in_python_and_over_http(results: dict[str, Any]) -> None:
     r = results["sequential"]
-    assert "per-layer figures only" in r["capture_error"]
-    assert r["dump_post"] == [409, "capture_unsupported"]
+    validate_speedscope(r["capture_speedscope"])
+    validate_speedscope(r["dump_speedscope"])
+    check_captures(r)
 
 
 @pytest.mark.timeout(300)

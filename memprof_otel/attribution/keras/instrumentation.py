@@ -6,7 +6,9 @@ Keras has no hook API, but every layer call looks its ``call`` up on the instanc
 class's: the root's opens a forward when the scheduler picks one, the others feed its
 ``ForwardState`` enter/exit. ``del layer.call`` undoes it (Keras' own calibration passes shadow
 ``call`` the same way). The counter is the backend's, for the model's device (TF's allocator
-statistics, JAX's device statistics or live arrays), read at every layer boundary.
+statistics, JAX's device statistics or live arrays), read at every layer boundary. A capture
+sees the layer calls and their windows, not ops: it weighs each innermost layer call by its peak
+increase (``captures_ops = False``; ``dumps/capture.py``).
 
 Only eager calls are measured. Inside ``tf.function``, ``jax.jit``, a compiled ``predict``/``fit``
 the Python ``call`` runs only while the function is traced, and later calls run the compiled
@@ -47,6 +49,7 @@ class _ThreadLocal(threading.local):
     depth = 0                          # calls of the root open on this thread (1 when not nested)
     state: ForwardState | None = None  # the forward this thread's root call opened, if measured
     sink: ForwardState | None = None   # the same while layer calls go to it (not a root reading)
+    capture: Capture | None = None     # the capture this forward belongs to, if one claimed it
     start_s = 0.0
     self_time_s = 0.0
     opened = 0                         # the forward's opening number (OpenForwards.open)
@@ -133,10 +136,15 @@ class KerasInstrumentation(Instrumentation):
     def _reattach(self) -> None:
         self._attach()
 
+    # No dispatch to hook on these backends: a capture weighs each innermost layer call by its
+    # peak increase (the layer calls and their times are recorded as on torch)
+    captures_ops = False
+
     def capture(self, forwards: int = 1) -> Capture:
-        """Deep captures record each op's allocations, which only the torch adapter can see."""
-        raise CaptureUnsupported(f"{self.name!r}: deep captures are for PyTorch models; a Keras model "
-                                 f"on the {self._backend.title} backend has per-layer figures only")
+        if self._counter is None:
+            raise CaptureUnsupported(f"{self.name!r}: the {self._backend.title} backend gives no memory "
+                                     f"figures on {self.last_device}, so a capture would weigh nothing")
+        return super().capture(forwards)
 
     # ---- one forward -------------------------------------------------------------------------
     def _root_call(self, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -173,14 +181,21 @@ class KerasInstrumentation(Instrumentation):
         tls.overlapped = _OPEN.another_thread_open()
         tls.state = tls.sink = None
         tls.shape = None
+        tls.capture = None
         counter = self._counter
         if counter is None:
             return
         try:
-            if self.scheduler.should_attribute():
+            cap = self._capture
+            if cap is not None and cap.claim():
+                tls.capture = cap  # released in _close whatever happens next
+            if tls.capture is not None or self.scheduler.should_attribute():
                 state = self._new_state(counter, root_only=False)
                 self._notify(lambda obs: obs.forward_begin(self, state))
                 tls.state = tls.sink = state
+                if tls.capture is not None:
+                    state.listener = tls.capture
+                    tls.capture.forward_started(t)
             elif self.capacity is not None and self.config.capacity.root_readings:
                 # a forward left plain, read at its root only, for the memory model: two reads
                 tls.state = self._new_state(counter, root_only=True)
@@ -209,15 +224,20 @@ class KerasInstrumentation(Instrumentation):
             if exc is None:
                 self.interrupted_forwards += 1  # a BaseException: counted as raised too
         self_time = tls.self_time_s
+        root = None
         if state is not None:
             try:
                 calls = state.finish(t, raised)
+                root = calls[-1] if calls and calls[-1].path == "" else None
                 shape, tls.shape = tls.shape, None
                 alone = not state.overlapped and _OPEN.ran_alone(tls.opened)
                 self._publish(state, calls, t, raised, shape, None if alone else "concurrent")
             except Exception as e:
                 self._count_error("finish", e)
             self_time += state.self_time_s
+        cap, tls.capture = tls.capture, None
+        if cap is not None:
+            self._captured_forward_ended(cap, _perf_counter(), root)
         end = _perf_counter()
         self._forward_ended(state, end - tls.start_s, self_time + end - t, raised, exc)
 

@@ -33,7 +33,6 @@ from ...sources import registry
 from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
-from .. import registry as live
 from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
@@ -316,13 +315,7 @@ class TorchInstrumentation(Instrumentation):
         cap, tls.capture = tls.capture, None
         end = time.perf_counter()
         if cap is not None:
-            cap.forward_finished(end)
-            if cap.done:
-                with live.LOCK:
-                    if self._capture is cap:
-                        self._capture = None
-                if not cap.cancelled:
-                    self._capture_done(cap)  # never raises: errors are counted
+            self._captured_forward_ended(cap, end, None)  # the per-op view weighs the forward
         self_time += end - t
         self._forward_ended(state, end - tls.start_s, self_time, raised, exc)
 
