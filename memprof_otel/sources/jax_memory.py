@@ -30,10 +30,14 @@ __all__ = ["JaxMemoryCounter", "LiveArrayBytes", "jax_device_label"]
 
 
 def jax_device_label(device: Any) -> str:
-    """The ``device`` label of a JAX device: ``"cpu"`` for the CPU (the label torch CPU figures
-    carry), else ``"<platform>:<id>"`` (``"gpu:0"``, ``"tpu:1"``)."""
+    """The ``device`` label of a JAX device, as torch's figures of the same device carry it:
+    ``"cpu"`` for the CPU, ``"cuda:<id>"`` for a GPU (JAX's platform ``gpu``; its ids on one host
+    follow CUDA's order, so the label meets the GPU alerts and the NVML series), else
+    ``"<platform>:<id>"`` (``"tpu:1"``)."""
     platform = str(getattr(device, "platform", "cpu")).lower()
-    return "cpu" if platform == "cpu" else f"{platform}:{getattr(device, 'id', 0)}"
+    if platform == "cpu":
+        return "cpu"
+    return f"{'cuda' if platform in ('gpu', 'cuda', 'rocm') else platform}:{getattr(device, 'id', 0)}"
 
 
 class LiveArrayBytes:

@@ -28,11 +28,14 @@ __all__ = ["TfAllocatorCounter", "tf_device_label"]
 
 
 def tf_device_label(device: str) -> str:
-    """The ``device`` label of a TF device name: ``"CPU:0"`` -> ``"cpu"`` (the label torch CPU
-    figures carry), ``"GPU:1"`` -> ``"gpu:1"``."""
+    """The ``device`` label of a TF device name, as torch's figures of the same device carry it:
+    ``"CPU:0"`` -> ``"cpu"``, ``"GPU:1"`` -> ``"cuda:1"`` (TF numbers the GPUs it sees as CUDA
+    does, so the label meets the GPU alerts and the NVML series), others lower-cased."""
     kind, _, index = device.partition(":")
     kind = kind.lower()
-    return "cpu" if kind == "cpu" else f"{kind}:{index or 0}"
+    if kind == "cpu":
+        return "cpu"
+    return f"{'cuda' if kind == 'gpu' else kind}:{index or 0}"
 
 
 class TfAllocatorCounter:

@@ -98,7 +98,7 @@ def test_on_a_gpu_the_window_peak_is_the_new_all_time_high_or_else_a_lower_bound
     # no new high since: the window peaks at its higher end again, not at the old 900
     gpu.stats = {"bytes_in_use": 120, "peak_bytes_in_use": 900}
     assert c.read_and_reset().peak == 150
-    assert jm.jax_device_label(gpu) == "gpu:1"
+    assert jm.jax_device_label(gpu) == "cuda:1"  # as torch labels the same GPU
 
 
 def test_device_labels(jm: Any) -> None:
