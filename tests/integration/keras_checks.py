@@ -112,3 +112,10 @@ def check_captures(r: dict[str, Any]) -> None:
     assert set(http) == stacks
     for stack, w in http.items():
         assert w >= r["batch"] * 1024 * F32, (stack, w)
+
+
+def check_direct_call(r: dict[str, Any]) -> None:
+    """The nested ``inner`` called on its own is a forward of its own, rooted at its path: it and
+    its layers once each, nothing else."""
+    assert r["direct_forwards"] == 1
+    assert r["direct_calls"] == {"": 0, "d1": 0, "inner": 1, "inner.d_in": 1, "inner.act": 1}

@@ -91,3 +91,12 @@ def captures(h: Any, forward: Any, srv: Any) -> dict[str, Any]:
     if job.get("status") == "complete":
         out["dump_speedscope"] = call("GET", job["dump"]["url"])[1]
     return out
+
+
+def direct_call(h: Any, model: Any, x_inner: Any) -> dict[str, Any]:
+    """The Sequential case's nested model ``inner`` called on its own, outside the model: the
+    forwards and the calls it added per path."""
+    before = stats(h)
+    forwards = h.status()["forwards"]
+    model.get_layer("inner")(x_inner)
+    return {"direct_calls": calls_added(h, before), "direct_forwards": h.status()["forwards"] - forwards}

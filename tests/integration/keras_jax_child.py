@@ -83,6 +83,7 @@ def run_case(name: str) -> dict[str, Any]:
         try:
             out.update(common.endpoint_layers_and_metrics(h, srv))
             out.update(common.captures(h, lambda: model(x), srv))
+            out.update(common.direct_call(h, model, jax.numpy.ones((BATCH, 4096), "float32")))
         finally:
             srv.close()
     out.update(common.pause_resume_uninstrument(h, model))

@@ -26,7 +26,7 @@ import memprof_otel as mp  # noqa: E402
 from tests.integration.keras_behaviour import behaviour  # noqa: E402
 from tests.integration.keras_cases import CASES, Case  # noqa: E402
 from tests.integration.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
-                                                  calls_added, captures, endpoint_layers_and_metrics,
+                                                  calls_added, captures, direct_call, endpoint_layers_and_metrics,
                                                   pause_resume_uninstrument, stats)
 from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402
 
@@ -79,6 +79,7 @@ def run_case(name: str, build: Callable[[Any, int], Case]) -> dict[str, Any]:
 
     if name == "sequential":
         out.update(_endpoint(h, model, x))
+        out.update(direct_call(h, model, tf.ones((BATCH, 4096))))
     out.update(pause_resume_uninstrument(h, model))
     out["bit_identical_after"] = bool(np.array_equal(model(x).numpy(), plain))
     return out

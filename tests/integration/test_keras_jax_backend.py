@@ -156,3 +156,8 @@ def test_overlapping_forwards_are_dropped_and_a_failing_one_is_counted(results: 
     # the one forward that ran alone: its Dense(1024) kept its output, batch 256, exactly
     assert b["after_threads"]["stats"]["fc"]["retained"] == 256 * 1024 * kc.F32
     kc.check_failed_forward_counted_and_own_call_back(b)
+
+
+@pytest.mark.timeout(300)
+def test_a_nested_model_called_on_its_own_is_a_forward_rooted_at_its_path(results: dict[str, Any]) -> None:
+    kc.check_direct_call(results["sequential"])

@@ -26,7 +26,7 @@ import pytest
 
 from tests.integration.demo_process import REPO
 from tests.schemas import validate_speedscope
-from tests.integration.keras_checks import (EXPECTED, F32, check_captures, check_endpoint_paths,
+from tests.integration.keras_checks import (EXPECTED, F32, check_captures, check_direct_call, check_endpoint_paths,
                                             check_failed_forward_counted_and_own_call_back,
                                             check_models_keep_their_outputs, check_outputs_and_layers_as_before,
                                             check_overlapping_forwards_dropped, check_paths_and_calls)
@@ -176,3 +176,8 @@ def test_the_counter_reads_level_and_peak_since_its_last_read(results: dict[str,
     assert c["r2"][2] == c["r2"][0] == allocated
     # the kept tensor freed: the level is back, the window's peak is the level it started at
     assert c["r3"][0] == base and c["r3"][2] == allocated
+
+
+@pytest.mark.timeout(300)
+def test_a_nested_model_called_on_its_own_is_a_forward_rooted_at_its_path(results: dict[str, Any]) -> None:
+    check_direct_call(results["sequential"])

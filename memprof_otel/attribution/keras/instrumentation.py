@@ -147,7 +147,10 @@ class KerasInstrumentation(Instrumentation):
         return super().capture(forwards)
 
     # ---- one forward -------------------------------------------------------------------------
-    def _root_call(self, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _root_call(self, inner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                   key: int, path: str) -> Any:
+        """A forward opened by the layer ``key`` at ``path``: the model (``""``), or one of its
+        layers called on its own (serving code calling an encoder), as the torch adapter does."""
         tls = self._tls
         if tls.depth or self._closed:
             # the root called again inside its own forward (its frame covers it), or a call that
@@ -160,7 +163,7 @@ class KerasInstrumentation(Instrumentation):
         t = _perf_counter()
         tls.depth = 1
         tls.start_s = t
-        self._open(tls, t, args, kwargs)
+        self._open(tls, t, args, kwargs, key, path)
         tls.self_time_s = _perf_counter() - t
         raised = True
         exc: BaseException | None = None
@@ -176,7 +179,8 @@ class KerasInstrumentation(Instrumentation):
             tls.depth = 0
             self._close(tls, _perf_counter(), raised, exc)
 
-    def _open(self, tls: _ThreadLocal, t: float, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _open(self, tls: _ThreadLocal, t: float, args: tuple[Any, ...], kwargs: dict[str, Any],
+              key: int, path: str) -> None:
         tls.opened = _OPEN.open()
         tls.overlapped = _OPEN.another_thread_open()
         tls.state = tls.sink = None
@@ -190,25 +194,25 @@ class KerasInstrumentation(Instrumentation):
             if cap is not None and cap.claim():
                 tls.capture = cap  # released in _close whatever happens next
             if tls.capture is not None or self.scheduler.should_attribute():
-                state = self._new_state(counter, root_only=False)
+                state = self._new_state(counter, key, path, root_only=False)
                 self._notify(lambda obs: obs.forward_begin(self, state))
                 tls.state = tls.sink = state
                 if tls.capture is not None:
                     state.listener = tls.capture
                     tls.capture.forward_started(t)
-            elif self.capacity is not None and self.config.capacity.root_readings:
+            elif not path and self.capacity is not None and self.config.capacity.root_readings:
                 # a forward left plain, read at its root only, for the memory model: two reads
-                tls.state = self._new_state(counter, root_only=True)
-            if tls.state is not None and self.capacity is not None:
-                tls.shape = self._shape(args, kwargs)
+                tls.state = self._new_state(counter, key, path, root_only=True)
+            if tls.state is not None and not path and self.capacity is not None:
+                tls.shape = self._shape(args, kwargs)  # the model's shapes: a layer's own are not
             if tls.state is not None:
                 tls.state.begin(t)
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
 
-    def _new_state(self, counter: HotCounter, root_only: bool) -> ForwardState:
-        state = ForwardState(self._paths, self._root_key, "", counter, self._origin_s, 0, self._count_error,
+    def _new_state(self, counter: HotCounter, key: int, path: str, root_only: bool) -> ForwardState:
+        state = ForwardState(self._paths, key, path, counter, self._origin_s, 0, self._count_error,
                              record_events=not root_only and self._events.maxlen != 0)
         state.root_only = root_only
         state.shared_counter = True
@@ -228,7 +232,7 @@ class KerasInstrumentation(Instrumentation):
         if state is not None:
             try:
                 calls = state.finish(t, raised)
-                root = calls[-1] if calls and calls[-1].path == "" else None
+                root = calls[-1] if calls and calls[-1].path == state.root_path else None
                 shape, tls.shape = tls.shape, None
                 alone = not state.overlapped and _OPEN.ran_alone(tls.opened)
                 self._publish(state, calls, t, raised, shape, None if alone else "concurrent")
@@ -256,7 +260,7 @@ def _root_wrapper(h: KerasInstrumentation, inner: Callable[..., Any]) -> Callabl
     def call(*args: Any, **kwargs: Any) -> Any:
         if not eager():
             return inner(*args, **kwargs)  # being traced into a graph: the plain model's
-        return h._root_call(inner, args, kwargs)
+        return h._root_call(inner, args, kwargs, h._root_key, "")
     return call
 
 
@@ -264,11 +268,16 @@ def _layer_wrapper(h: KerasInstrumentation, layer: Any, inner: Callable[..., Any
     tls = h._tls
     eager = h._eager
 
+    key, path = id(layer), h._paths[id(layer)]
+
     @functools.wraps(inner)
     def call(*args: Any, **kwargs: Any) -> Any:
         state = tls.sink
         if state is None or not eager():
-            return inner(*args, **kwargs)  # no measured forward on this thread, or being traced
+            if not tls.depth and eager():
+                # outside any forward of the model on this thread: the layer's own forward
+                return h._root_call(inner, args, kwargs, key, path)
+            return inner(*args, **kwargs)  # a forward left plain, or being traced
         state.enter(layer)
         try:
             out = inner(*args, **kwargs)

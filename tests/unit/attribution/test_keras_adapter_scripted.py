@@ -1,4 +1,4 @@
-"""The shared Keras adapter's captures, on stand-ins for Keras's classes and a scripted backend
+"""The shared Keras adapter's forwards and captures, on stand-ins for Keras's classes and a scripted backend
 (a ``KerasBackend`` double whose counter the layers move by known amounts; no keras, no framework).
 
 The real backends are checked the same way in ``tests/integration/test_keras_*_backend.py``; here
@@ -190,3 +190,21 @@ def test_over_http_the_refusal_is_a_409_with_its_reason() -> None:
         srv.close()
         h.uninstrument()
         mp.shutdown(2)
+
+
+def test_a_nested_model_called_on_its_own_is_a_forward_rooted_at_its_path() -> None:
+    counter = ScriptedCounter()
+    model = _model(counter)
+    h = attach_for(ScriptedBackend(counter))(model, name="direct", every_n_forwards=1, overhead_budget=1.0)
+    try:
+        inner = model.children[1]
+        inner(0)  # a: +2 +1 -2 (level 1, peak 3), then b: +3 (level 4): inner's peak 4 MiB, kept 4 MiB
+        st = h.layer_stats()
+        assert set(st) == {"inner", "inner.a", "inner.b"}  # the model's root and "first" never ran
+        assert (st["inner"].peak_increase, st["inner"].retained, st["inner"].calls) == (4 * MiB, 4 * MiB, 1)
+        assert (st["inner.a"].peak_increase, st["inner.a"].retained) == (3 * MiB, 1 * MiB)
+        assert h.status()["forwards"] == 1
+        model(0)  # inside the model's forward the same layer is no forward of its own
+        assert h.status()["forwards"] == 2 and h.layer_stats()["inner"].calls == 2
+    finally:
+        h.uninstrument()
