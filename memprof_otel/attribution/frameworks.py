@@ -60,7 +60,19 @@ def adapter_for(model: Any) -> Attach:
                                    "is not instrumented: the process series (start_monitoring()) still "
                                    "measure it; set KERAS_BACKEND=torch, tensorflow or jax before keras is "
                                    "imported for per-layer figures")
+    if _is_tf_module(model):
+        raise InstrumentationError(f"{takes}; got {kind}, a tf.Module that is no Keras model: its layers "
+                                   "are called through their classes' __call__, which an instance cannot "
+                                   "wrap, so nothing is attributed per layer; build it from Keras layers "
+                                   "for per-layer figures, or wrap each request in mp.operation() for its "
+                                   "peak and duration (the process series measure it either way)")
     raise InstrumentationError(f"{takes}; got {kind}")
+
+
+def _is_tf_module(model: Any) -> bool:
+    tf = sys.modules.get("tensorflow")  # never imported here: a tf.Module exists only once it is
+    module_cls = getattr(tf, "Module", None) if tf is not None else None
+    return isinstance(module_cls, type) and isinstance(model, module_cls)
 
 
 __all__ = ["adapter_for"]

@@ -93,6 +93,26 @@ def _endpoint(h: Any, model: Any, x: Any) -> dict[str, Any]:
         srv.close()
 
 
+class Scale(tf.Module):
+    """A plain tf.Module (no Keras): what instrument() says of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = tf.Variable(2.0)
+
+    def __call__(self, t: Any) -> Any:
+        return t * self.w
+
+
+def tf_module() -> dict[str, Any]:
+    m = Scale()
+    try:
+        mp.instrument(m)
+    except mp.InstrumentationError as e:
+        return {"error": str(e), "output": float(m(tf.constant(3.0)).numpy())}
+    return {"error": None}
+
+
 def counter() -> dict[str, Any]:
     """The counter alone, around tensors of known size: levels and peaks since each read."""
     c = TfAllocatorCounter("CPU:0")
@@ -116,7 +136,8 @@ def main(names: list[str]) -> None:
     for name in names or [*CASES, "behaviour", "counter"]:
         if name == "behaviour":
             x = tf.constant(np.ones((BATCH, FEATURES), "float32"))
-            print("BEHAVIOUR " + json.dumps(behaviour(keras, x, tf.executing_eagerly)), flush=True)
+            print("BEHAVIOUR " + json.dumps({**behaviour(keras, x, tf.executing_eagerly),
+                                             "tf_module": tf_module()}), flush=True)
         elif name == "counter":
             print("COUNTER " + json.dumps(counter()), flush=True)
         else:

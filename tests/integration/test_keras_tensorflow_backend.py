@@ -181,3 +181,11 @@ def test_the_counter_reads_level_and_peak_since_its_last_read(results: dict[str,
 @pytest.mark.timeout(300)
 def test_a_nested_model_called_on_its_own_is_a_forward_rooted_at_its_path(results: dict[str, Any]) -> None:
     check_direct_call(results["sequential"])
+
+
+@pytest.mark.timeout(300)
+def test_a_plain_tf_module_is_refused_saying_why_and_what_to_do(results: dict[str, Any]) -> None:
+    r = results["behaviour"]["tf_module"]
+    assert r["error"] is not None and "a tf.Module that is no Keras model" in r["error"]
+    assert "mp.operation()" in r["error"]
+    assert r["output"] == 6.0  # refused without touching it
