@@ -185,7 +185,7 @@ METRICS: tuple[MetricDef, ...] = (
               "Memory level at the operation's peak (RSS or allocator, whichever is larger)", ("operation",)),
     MetricDef("memprof_operation_memory_peak_increase_bytes", "memprof.operation.memory_peak_increase", "By",
               "histogram", "The operation's own memory need: peak during it minus the level at its start "
-              "(largest over RSS and each allocator)", ("operation",)),
+              "(largest over RSS and each allocator read at its start)", ("operation",)),
     MetricDef("memprof_operation_memory_delta_bytes", "memprof.operation.memory_delta", "By", "gauge",
               "RSS at the end minus at the start of the last operation of that name", ("operation",)),
     # watchdog
