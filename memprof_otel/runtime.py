@@ -49,7 +49,8 @@ from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
 from .telemetry.operations import OperationTracker
 from .telemetry.sampler import Sampler, SourceSpec, check_gpus
-from .telemetry.layer_budget import Keep, exports_every_layer, restrict_series, restrict_view, top_layers
+from .telemetry.layer_budget import (KUBERNETES_ENV, Keep, exports_every_layer, host_share, restrict_series,
+                                     restrict_view, top_layers)
 from .telemetry.series import LayerView, SelfView, Series, build_series
 from .timeline import OperationRecord, Sample
 from .watchdog.adapter import AlertCallback, Watchdog
@@ -634,6 +635,17 @@ class Runtime:
         if keep is None:
             return views
         return [restrict_view(v, keep[v.model]) if v.model in keep else v for v in views]
+
+    def series_status(self) -> dict[str, Any]:
+        """What ``/v1/status`` says of the series budget: the mode, why this host exports every
+        layer or not, and the layers each model exports."""
+        c = self._series_config()
+        keep = self.exported_layers()
+        return {"layers": c.layers, "every_layer": keep is None,
+                "in_kubernetes": KUBERNETES_ENV in os.environ, "full_detail_fraction": c.full_detail_fraction,
+                "host": socket.gethostname(), "host_share": host_share(socket.gethostname()),
+                "exported_layers": {m: sorted(paths) for m, paths in keep.items()} if keep is not None else None,
+                "series_exported": self.series_exported, "budget": c.budget}
 
     def record_series_exported(self, n: int) -> None:
         self.series_exported = n

@@ -76,6 +76,7 @@ class EndpointServices(ScrapeSource, Protocol):
     def samples(self, since_unix: float | None = None) -> list[Any]: ...
     def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport: ...
     def count_http_connection_error(self, reason: str) -> None: ...
+    def series_status(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -428,7 +429,8 @@ class Endpoint:
         return json_response(200, {
             "version": __version__, "torch_version": self.rt.self_view().torch_version,
             "models": models, "sources": sources, "sampler": {k: v for k, v in health.items() if k != "sources"},
-            "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix})
+            "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix,
+            "series": self.rt.series_status()})
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         name = _str_param(q, "model")

@@ -159,7 +159,10 @@ def _schemas() -> dict[str, Any]:
         "Status": {"type": "object", "required": ["version", "torch_version", "models", "sources", "sampler",
                                                   "config", "started_unix"], "properties": {
             "version": {"type": "string"}, "models": {"type": "array", "items": _OBJ},
-            "sources": _OBJ, "sampler": _OBJ, "config": {"type": ["object", "null"]}}},
+            "sources": _OBJ, "sampler": _OBJ, "config": {"type": ["object", "null"]},
+            "series": {**_OBJ, "description": "the series budget: series.layers, whether this host exports "
+                       "every layer (and why: in_kubernetes, host_share against full_detail_fraction), the "
+                       "layers each model exports (null: all), the last /metrics answer's samples, the budget"}}},
         "Layers": {"type": "object", "required": ["models"], "properties": {"models": _OBJ}},
         "Trend": {"type": "object", "required": [
             "slope_bytes_per_second", "slope_low", "slope_high", "growth_bytes", "points", "window_start_unix",

@@ -62,6 +62,11 @@ def test_top_mode_exports_the_root_and_the_top_layers_and_counts_what_it_exporte
         second = _parse(httpx.get(srv.url + "/metrics").text)
         assert second["memprof_series_exported"][0][1] == samples_first
         assert samples_first < 120  # the root and 3 layers: about a tenth of every layer's series
+        # /v1/status says what was chosen, and why
+        st = httpx.get(srv.url + "/v1/status").json()["series"]
+        assert st["layers"] == "top" and st["every_layer"] is False and st["budget"] == 1000
+        assert st["exported_layers"] == {"gpt2": sorted(expected)}
+        assert st["series_exported"] == sum(len(rows) for rows in second.values())
     finally:
         srv.close()
         h.uninstrument()
