@@ -393,6 +393,19 @@ class PrometheusConfig:
 
 
 @dataclass(frozen=True)
+class SeriesConfig:
+    layers: str = _f("auto", _str(choices=("auto", "all", "top")),
+                     "per-layer series: all = every tracked layer; top = the root and the top_layers layers "
+                     "with the highest peak increase (every layer stays in /v1/layers, dumps and captures); "
+                     "auto = top in a Kubernetes pod, all elsewhere")
+    top_layers: int = _f(4, _int(0, 10_000), "layers besides the root exported in top mode")
+    full_detail_fraction: float = _f(0.0, _float(0.0, 1.0), "in top mode, the fraction of hosts that export "
+                                     "every layer anyway (chosen by a hash of the host name: stable per pod)")
+    budget: int = _f(1000, _int(1, 100_000_000), "series a process may export before MemprofSeriesOverBudget "
+                     "fires (exported as memprof_series_budget)")
+
+
+@dataclass(frozen=True)
 class OtelConfig:
     enabled: bool = _f(True, _bool, "OTel metrics and spans (OTLP only when an endpoint is configured)")
     endpoint: str | None = _f(None, _str(optional=True), "OTLP endpoint (else OTEL_EXPORTER_OTLP_ENDPOINT)")
@@ -516,7 +529,7 @@ class CapacityConfig:
 
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
-    "prometheus": PrometheusConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
+    "prometheus": PrometheusConfig, "series": SeriesConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
     "cuda": CudaConfig,
     "workers": WorkersConfig,
     "leaks": LeaksConfig,
@@ -532,6 +545,7 @@ class Config:
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     prometheus: PrometheusConfig = field(default_factory=PrometheusConfig)
+    series: SeriesConfig = field(default_factory=SeriesConfig)
     otel: OtelConfig = field(default_factory=OtelConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     dumps: DumpsConfig = field(default_factory=DumpsConfig)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -28,7 +29,8 @@ from .advice import (AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLa
                      severity_by_id)
 from .attribution.handle import ModelHandle
 from .attribution.registry import live_handles
-from .config import Config, ConfigError, DumpsConfig, load_config_tolerant, service_name_in_effect
+from .config import (Config, ConfigError, DumpsConfig, SeriesConfig, load_config_tolerant,
+                     service_name_in_effect)
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService, pick_model
@@ -47,6 +49,7 @@ from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
 from .telemetry.operations import OperationTracker
 from .telemetry.sampler import Sampler, SourceSpec, check_gpus
+from .telemetry.layer_budget import Keep, exports_every_layer, restrict_series, restrict_view, top_layers
 from .telemetry.series import LayerView, SelfView, Series, build_series
 from .timeline import OperationRecord, Sample
 from .watchdog.adapter import AlertCallback, Watchdog
@@ -157,13 +160,16 @@ class Runtime:
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self._count_oom,
                                         self.dump_service.store_json)
-        self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view)
+        self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view,
+                                                 self.exported_layers)
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
         self._fork_hooks: set[str] = set()
         self.started_unix = 0.0
         self._atexit = False
         self._series_cache: tuple[float, Series] | None = None
+        # series in the last /metrics answer (memprof_series_exported; None before the first)
+        self.series_exported: int | None = None
         self._shutdown_hooks: list[Callable[[float], None]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -597,8 +603,54 @@ class Runtime:
             levels = {}
         for rid, level in sorted(levels.items()):
             out.setdefault("memprof_advice_severity", []).append(({"id": rid}, level))
+        out = self._series_budget(out, views)
         if per_layer:
             self._series_cache = (now, out)
+        return out
+
+    # ---- the series budget -------------------------------------------------------------------
+    def _series_config(self) -> SeriesConfig:
+        return self.config.series if self.config is not None else SeriesConfig()
+
+    def exports_every_layer(self) -> bool:
+        c = self._series_config()
+        return exports_every_layer(c.layers, c.full_detail_fraction, socket.gethostname(), os.environ)
+
+    def exported_layers(self, model: str | None = None) -> Keep | None:
+        """Model -> the layers it exports per-layer series for (every live model, or ``model``
+        alone); None when every layer is exported (``series.layers``)."""
+        if self.exports_every_layer():
+            return None
+        k = self._series_config().top_layers
+        handles = live_handles()
+        names = sorted(handles) if model is None else [model] if model in handles else []
+        return {name: top_layers({p: s.peak_increase for p, s in handles[name].layer_stats().items()}, k)
+                for name in names}
+
+    def exported_layer_views(self, views: list[LayerView] | None = None) -> list[LayerView]:
+        """``layer_views()`` with the per-layer figures of the exported layers only."""
+        views = self.layer_views() if views is None else views
+        keep = self.exported_layers()
+        if keep is None:
+            return views
+        return [restrict_view(v, keep[v.model]) if v.model in keep else v for v in views]
+
+    def record_series_exported(self, n: int) -> None:
+        self.series_exported = n
+
+    def _series_budget(self, out: Series, views: list[LayerView]) -> Series:
+        """Per-layer rows of unexported layers left out; the budget's own gauges added."""
+        keep = self.exported_layers()
+        if keep is not None:
+            out = restrict_series(out, keep)
+        for v in views:
+            tracked = set(v.peaks) | set(v.forward)
+            exported = len(tracked) if keep is None or v.model not in keep else len(tracked & keep[v.model])
+            out.setdefault("memprof_layers_tracked", []).append(({"model": v.model}, len(tracked)))
+            out.setdefault("memprof_layers_exported", []).append(({"model": v.model}, exported))
+        out.setdefault("memprof_series_budget", []).append(({}, self._series_config().budget))
+        if self.series_exported is not None:
+            out.setdefault("memprof_series_exported", []).append(({}, self.series_exported))
         return out
 
 

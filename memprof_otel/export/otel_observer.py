@@ -16,19 +16,28 @@ from opentelemetry import trace as otel_trace
 
 from .._log import rate_limited
 from ..dumps.speedscope import balanced_calls
+from ..telemetry.layer_budget import Keep, restrict_view
 from ..telemetry.series import LayerView, SelfView, build_series
 from .otel import OtelExporter
 
 
 class OtelForwardObserver:
-    """``layer_view(h)``: the handle's figures as the series read them (the composition root's)."""
+    """``layer_view(h)``: the handle's figures as the series read them (the composition root's);
+    ``exported_layers(model)``: ``{model: paths}`` of the layers its series budget exports, or None
+    for every layer (``telemetry/layer_budget.py``)."""
 
     def __init__(self, exporter: Callable[[], OtelExporter | None],
                  count_export_error: Callable[[str], None],
-                 layer_view: Callable[[Any], LayerView] | None = None) -> None:
+                 layer_view: Callable[[Any], LayerView] | None = None,
+                 exported_layers: Callable[[str], Keep | None] | None = None) -> None:
         self._exporter = exporter
         self._count_error = count_export_error
         self._layer_view = layer_view
+        self._exported = exported_layers
+
+    def _keep(self, model: str) -> frozenset[str] | None:
+        keep = self._exported(model) if self._exported is not None else None
+        return keep.get(model) if keep is not None else None
 
     def forward_begin(self, h: Any, state: Any) -> None:
         return None
@@ -38,7 +47,9 @@ class OtelForwardObserver:
             return
         otel = self._exporter()
         if otel is not None:
-            otel.record_layer_calls(h.name, h.last_device, state.calls)
+            keep = self._keep(h.name)
+            calls = state.calls if keep is None else [c for c in state.calls if c[0] in keep]
+            otel.record_layer_calls(h.name, h.last_device, calls)
 
     def uninstrumented(self, h: Any) -> None:
         """Hand the model's final per-layer figures to the next export (the final one included)."""
@@ -46,7 +57,8 @@ class OtelForwardObserver:
         if otel is None or self._layer_view is None:
             return
         try:
-            otel.retire(build_series(None, [self._layer_view(h)], SelfView()))
+            view, keep = self._layer_view(h), self._keep(h.name)
+            otel.retire(build_series(None, [view if keep is None else restrict_view(view, keep)], SelfView()))
         except Exception as e:
             self._count_error("otel_retire")
             rate_limited.warning("otel-retire", "memprof_otel: final layer figures of %r not kept: %r", h.name, e)

@@ -28,6 +28,8 @@ class ScrapeSource(Protocol):
     op_stats: OperationStats
 
     def layer_views(self) -> list[LayerView]: ...
+    def exported_layer_views(self, views: list[LayerView] | None = None) -> list[LayerView]: ...
+    def record_series_exported(self, n: int) -> None: ...
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
                per_layer: bool = True) -> Series: ...
     def count_export_error(self, exporter: str) -> None: ...
@@ -49,6 +51,7 @@ class MemprofCollector(Collector):
         try:
             views = rt.layer_views()  # one snapshot for the gauges and the summary (was taken twice)
             series = rt.series(max_age_s=0.0, views=views, per_layer=self._layers)
+            views = rt.exported_layer_views(views)  # the summary's layers: those of the series budget
             ops = rt.op_stats.snapshot()
         except Exception as e:  # a scrape never fails because of us
             rt.count_export_error("prometheus")
@@ -110,15 +113,23 @@ def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str
     body = encoder(registry)
     try:
         openmetrics = content_type.startswith("application/openmetrics-text")
-        layers = render_layer_families(rt.layer_views(), openmetrics).encode()
+        layers = render_layer_families(rt.exported_layer_views(), openmetrics).encode()
     except Exception as e:  # a scrape never fails because of us: serve the rest
         rt.count_export_error("prometheus")
         rate_limited.warning("scrape-layers", "memprof_otel: rendering layer families failed: %r", e)
-        return body, content_type
+        layers = b""
     eof = b"# EOF\n"
     if body.endswith(eof):  # OpenMetrics: the terminator stays last
-        return body[: -len(eof)] + layers + eof, content_type
-    return body + layers, content_type
+        body = body[: -len(eof)] + layers + eof
+    else:
+        body += layers
+    rt.record_series_exported(_sample_lines(body))
+    return body, content_type
+
+
+def _sample_lines(body: bytes) -> int:
+    """Samples in an exposition: its lines less the comment lines (HELP, TYPE, UNIT, EOF)."""
+    return body.count(b"\n") - body.count(b"\n#") - body.startswith(b"#")
 
 
 __all__ = ["BY_PROM", "MemprofCollector", "make_registry"]

@@ -1,0 +1,118 @@
+"""The series budget on a real model over real HTTP: in top mode /metrics carries the per-layer
+series of the root and the top layers only, /v1/layers still every layer, and the process says how
+many series it exported; OpenTelemetry's layer histogram follows the same choice."""
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client.parser import text_string_to_metric_families
+
+import memprof_otel as mp
+from tests.integration.models import TINY_VOCAB, tiny_gpt2
+
+EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
+LAYER_FAMILIES = ("memprof_layer_peak_increase_bytes", "memprof_layer_peak_allocated_bytes",
+                  "memprof_layer_retained_bytes", "memprof_layer_forward_seconds_count",
+                  "memprof_layer_forward_seconds_sum")
+
+
+def _parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Exposition text -> sample name -> (labels, value), with a parser that is not ours."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def _serve_gpt2(series: dict) -> tuple:
+    torch.manual_seed(0)
+    m = tiny_gpt2()
+    mp.start_monitoring({"sampler": {"interval": "100ms"}, "series": series})
+    h = mp.instrument(m, name="gpt2", attribution=EVERY)
+    with torch.no_grad():
+        for _ in range(2):
+            m(torch.randint(0, TINY_VOCAB, (2, 16)))
+    return m, h, mp.serve(port=0)
+
+
+@pytest.mark.timeout(120)
+def test_top_mode_exports_the_root_and_the_top_layers_and_counts_what_it_exported() -> None:
+    m, h, srv = _serve_gpt2({"layers": "top", "top_layers": 3})
+    try:
+        stats = h.layer_stats()
+        # the reference: the three highest all-time peaks, from the handle's own table
+        ranked = sorted((p for p in stats if p), key=lambda p: (-stats[p].peak_increase, p))
+        expected = {"", *ranked[:3]}
+        first = httpx.get(srv.url + "/metrics").text
+        fams = _parse(first)
+        for name in LAYER_FAMILIES:
+            assert {lab["layer"] for lab, _ in fams[name]} == expected, name
+        assert [(lab["model"], v) for lab, v in fams["memprof_layers_tracked"]] == [("gpt2", len(stats))]
+        assert [(lab["model"], v) for lab, v in fams["memprof_layers_exported"]] == [("gpt2", 4)]
+        assert fams["memprof_series_budget"][0][1] == 1000
+        # every layer is still one step away
+        layers = httpx.get(srv.url + "/v1/layers").json()["models"]["gpt2"]["layers"]
+        assert set(layers) == set(stats) and len(stats) > 20
+        # the second scrape says how many samples the first one had (counted by the parser here)
+        samples_first = sum(len(rows) for rows in fams.values())
+        second = _parse(httpx.get(srv.url + "/metrics").text)
+        assert second["memprof_series_exported"][0][1] == samples_first
+        assert samples_first < 120  # the root and 3 layers: about a tenth of every layer's series
+    finally:
+        srv.close()
+        h.uninstrument()
+        mp.shutdown(2)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("series, every", [({"layers": "all"}, True), ({"layers": "auto"}, True),
+                                           ({"layers": "top", "full_detail_fraction": 1.0}, True),
+                                           ({"layers": "auto", "_pod": True}, False)])
+def test_which_processes_export_every_layer(series: dict, every: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if series.pop("_pod", False):
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # auto in a Kubernetes pod: top
+    m, h, srv = _serve_gpt2(series)
+    try:
+        fams = _parse(httpx.get(srv.url + "/metrics").text)
+        exported = {lab["layer"] for lab, _ in fams["memprof_layer_peak_increase_bytes"]}
+        assert (exported == set(h.layer_stats())) is every
+        assert len(exported) == (len(h.layer_stats()) if every else 5)  # top_layers 4 and the root
+    finally:
+        srv.close()
+        h.uninstrument()
+        mp.shutdown(2)
+
+
+@pytest.mark.timeout(120)
+def test_the_otel_layer_histogram_and_gauges_follow_the_same_choice() -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    torch.manual_seed(0)
+    m = tiny_gpt2()
+    try:
+        mp.start_monitoring({"sampler": {"interval": "50ms"}, "series": {"layers": "top", "top_layers": 2}},
+                            meter_provider=meters)
+        h = mp.instrument(m, name="gpt2", attribution=EVERY)
+        with torch.no_grad():
+            for _ in range(3):
+                m(torch.randint(0, TINY_VOCAB, (2, 16)))
+        data = reader.get_metrics_data()
+        layers: dict[str, set[str]] = {}
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name.startswith("memprof.layer."):
+                        layers.setdefault(metric.name, set()).update(
+                            p.attributes["layer"] for p in metric.data.data_points)
+        stats = h.layer_stats()
+        ranked = sorted((p for p in stats if p), key=lambda p: (-stats[p].peak_increase, p))
+        # the same forward three times: the top two are the same after each one
+        assert layers["memprof.layer.forward"] == {"", *ranked[:2]}
+        assert layers["memprof.layer.peak_increase"] == {"", *ranked[:2]}
+    finally:
+        mp.shutdown(2)
+        meters.shutdown()
