@@ -585,6 +585,7 @@ def fleet(q: Matchers) -> dict[str, Any]:
     w, pct = r["window"], f"p{float(r['quantile']) * 100:g}"
     rec = recording.name
     sel = 'model=~"$model", device=~"$device"'
+    raw_model = matchers(q.cfg["selector"], 'model=~"$model"')   # per-process series of the models picked
     no_root = f'{sel}, layer!=""'
     peak_max = rec("memprof_layer_peak_increase_bytes", "max")
     peak_q = rec("memprof_layer_peak_increase_bytes", "quantile")
@@ -633,11 +634,21 @@ def fleet(q: Matchers) -> dict[str, Any]:
                      target(f"max(memprof_series_budget{{{q.cfg['selector']}}})"
                             if q.cfg["selector"] else "max(memprof_series_budget)", "budget")],
                     "short", overrides=[dashed_red("B")]), 12, 8),
+        (table("Layers tracked and exported per model",
+               "Layers each model has figures for (all in /v1/layers and dumps) and how many of them the "
+               "pods export per-layer series for: fewer with series.layers: top (the root, the "
+               "series.top_layers largest and any leak suspect); the most is all of them on pods that "
+               "export every layer (series.full_detail_fraction).",
+               [target(f"max by (model) (memprof_layers_tracked{{{raw_model}}})", instant=True, table=True),
+                target(f"min by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True),
+                target(f"max by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True)],
+               {"Value #A": ("tracked", "short"), "Value #B": ("exported (fewest)", "short"),
+                "Value #C": ("exported (most)", "short")}, sort_by="tracked"), 24, 6),
     ])
     return dashboard(q, "fleet", "Fleet",
                      "Per-layer memory and forward time folded across the processes (pods) of each model "
-                     "by the fleet recording rules (model_layer_device:*), the pods per model, and each "
-                     "process's series against its budget.",
+                     "by the fleet recording rules (model_layer_device:*), the pods per model, each "
+                     "process's series against its budget, and the layers exported per model.",
                      [layers_, pods_], template=template)
 
 

@@ -406,7 +406,8 @@ def test_fleet_panels_read_recorded_series_filtered_by_model_and_device(panel: d
         recorded = RECORDED.findall(t["expr"])
         if not recorded:
             # per-process figures (the series budget): raw metrics, no target variables here
-            assert aq.metric_names_in(t["expr"]) <= {"memprof_series_exported", "memprof_series_budget"}, t["expr"]
+            assert aq.metric_names_in(t["expr"]) <= {"memprof_series_exported", "memprof_series_budget",
+                                                     "memprof_layers_tracked", "memprof_layers_exported"}, t["expr"]
             continue
         for name, selector in recorded:
             assert name in defined, f"{name} is no recording rule of recording_rules.yml"
@@ -430,6 +431,9 @@ def test_fleet_dashboard_covers_the_fleet_views() -> None:
     (override,) = panels["Series exported per pod vs budget"]["fieldConfig"]["overrides"]
     assert override["matcher"]["options"] == budget["refId"]
     assert {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}} in override["properties"]
+    tracked, fewest, most = exprs["Layers tracked and exported per model"]
+    assert "memprof_layers_tracked{" in tracked and 'model=~"$model"' in tracked
+    assert fewest.startswith("min by (model) (memprof_layers_exported{") and most.startswith("max by (model)")
 
 
 def test_fleet_dashboard_follows_the_recording_config() -> None:
