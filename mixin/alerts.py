@@ -420,6 +420,23 @@ def otlp_export_failing(c: Ctx) -> Rule:
                 "does not last the `for`.")
 
 
+@alert("MemprofSeriesOverBudget")
+def series_over_budget(c: Ctx) -> Rule:
+    return Rule(
+        "MemprofSeriesOverBudget",
+        f"{c.m('memprof_series_exported')} > {c.m('memprof_series_budget')}",
+        "{{ $labels.instance }} exports {{ $value | printf \"%.0f\" }} series, over its budget",
+        f"For {duration_words(c.params['for'])} the /metrics answer of {{{{ $labels.instance }}}} has held "
+        "{{ $value | printf \"%.0f\" }} series, more than its series.budget "
+        "(memprof_series_budget). Multiplied by the fleet's pods, that is what your Prometheus ingests: "
+        "set series.layers: top (or lower series.top_layers) so that only the largest layers get "
+        "per-layer series, or raise series.budget if the count is intended.",
+        comment="Cardinality guard for fleets: per-layer series make up most of a process's series, and a\n"
+                "model with more layers than expected (or every layer exported) multiplies across every\n"
+                "pod. Both sides are the process's own figures (no labels of their own), so they pair\n"
+                "one to one on the target labels. 15m: a budget change rolls out with the pods.")
+
+
 @alert("MemprofWatchdogAlertFiring")
 def watchdog_alert_firing(c: Ctx) -> Rule:
     return Rule(

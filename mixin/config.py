@@ -17,7 +17,7 @@ DEFAULTS = Path(__file__).resolve().parent / "config.yaml"
 # Maps whose keys are the user's own (label names), not config keys.
 _FREE_MAPS = {("alerts", "extra_labels"), ("kubernetes", "labels")}
 _DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
-_DURATION_KEYS = {"for", "window"}
+_DURATION_KEYS = {"for", "window", "interval"}
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -82,8 +82,10 @@ def _checked(name: str, key: str, default: Any, value: Any) -> Any:
         ok = isinstance(value, str)
     if not ok:
         raise MixinConfigError(f"{name}: expected {type(default).__name__} like {default!r}, got {value!r}")
-    if key in _DURATION_KEYS and not _DURATION.match(value):
+    if key in _DURATION_KEYS and not _DURATION.match(value) and not (key == "interval" and value == ""):
         raise MixinConfigError(f"{name}: expected a Prometheus duration such as 5m or 1h30m, got {value!r}")
+    if key == "quantile" and not 0 <= value <= 1:
+        raise MixinConfigError(f"{name}: a quantile is between 0 and 1, got {value!r}")
     if key == "selector" and ("{" in value or "}" in value):
         raise MixinConfigError(f"{name}: label matchers only, without braces, e.g. 'namespace=\"ml\"'")
     return value

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from . import recording
 from .promql import matchers
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -265,7 +266,7 @@ def layout(sections: list[Section]) -> list[dict[str, Any]]:
 
 
 def dashboard(q: Matchers, uid: str, title: str, description: str, sections: list[Section],
-              extra_vars: tuple[str, ...] = ()) -> dict[str, Any]:
+              extra_vars: tuple[str, ...] = (), template: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     d = q.cfg["dashboards"]
     tags = list(d["tags"])
     return {
@@ -279,7 +280,7 @@ def dashboard(q: Matchers, uid: str, title: str, description: str, sections: lis
         "links": [{"type": "dashboards", "title": "memprof-otel", "tags": tags, "asDropdown": True,
                    "includeVars": True, "keepTime": True, "icon": "external link",
                    "targetBlank": False, "tooltip": "", "url": ""}],
-        "templating": {"list": variables(q, *extra_vars)},
+        "templating": {"list": template if template is not None else variables(q, *extra_vars)},
         "panels": layout(sections),
     }
 
@@ -573,14 +574,93 @@ def operations(q: Matchers) -> dict[str, Any]:
                      [traffic, memory, summary], extra_vars=("operation",))
 
 
+def fleet(q: Matchers) -> dict[str, Any]:
+    """Layers across the processes of a model, from the fleet recording rules (mixin/recording.py).
+
+    A dashboard of its own: the recorded series keep only model, layer and device, so the target
+    variables of the other dashboards (cluster ... instance) cannot narrow them, and the configured
+    selector was already applied by the rules. Only the series-budget panel reads raw per-process
+    series (with the selector)."""
+    r = q.cfg["recording"]
+    w, pct = r["window"], f"p{float(r['quantile']) * 100:g}"
+    rec = recording.name
+    sel = 'model=~"$model", device=~"$device"'
+    raw_model = matchers(q.cfg["selector"], 'model=~"$model"')   # per-process series of the models picked
+    no_root = f'{sel}, layer!=""'
+    peak_max = rec("memprof_layer_peak_increase_bytes", "max")
+    peak_q = rec("memprof_layer_peak_increase_bytes", "quantile")
+    pods = rec("memprof_layer_peak_increase_bytes", "count")
+    template = [variables(q)[0],
+                query_var("model", "Model", label_values(peak_max, "", "model")),
+                query_var("device", "Device", label_values(peak_max, 'model=~"$model"', "device"))]
+    top10 = f"topk(10, max by (model, layer) ({peak_max}{{{no_root}}}))"
+    layers_: Section = ("Layers across the pods of a model", [
+        (bargauge("Fleet top layers by max peak increase",
+                  "The 15 layers with the largest peak increase in any process of their model (the worst "
+                  "pod: what a pod must be sized for), root module excluded.",
+                  [target(f"topk(15, max by (model, layer) ({peak_max}{{{no_root}}}))",
+                          "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
+        (bargauge("Fleet top layers by max retained memory",
+                  "The 15 layers leaving the most allocated in any process of their model, root module "
+                  "excluded.",
+                  [target(f"topk(15, max by (model, layer) ({rec('memprof_layer_retained_bytes', 'max')}{{{no_root}}}))",
+                          "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
+        (timeseries(f"Peak increase {pct} vs max across pods",
+                    f"For the 10 layers with the largest max: the {pct} of the peak increase across the "
+                    "processes of the model (solid) and the max (dashed). A max far above the quantile is "
+                    "a few pods with other inputs or another GPU, not the model.",
+                    [target(f"max by (model, layer) ({peak_q}{{{no_root}}})\n  and on(model, layer) {top10}",
+                            f"{{{{model}}}} {{{{layer}}}} {pct}"),
+                     target(top10, "{{model}} {{layer}} max")], "bytes", overrides=[dashed("B")]), 12, 9),
+        (timeseries("Mean forward time across pods",
+                    f"Mean duration of one attributed forward call of each layer over every process of the "
+                    f"model ({w} rate of the summary's _sum over its _count, summed across pods first; 10 "
+                    "slowest, root module excluded).",
+                    [target(f"topk(10, max by (model, layer) ({rec('memprof_layer_forward_seconds', recording.mean_op(w))}{{{no_root}}}))",
+                            "{{model}} {{layer}}")], "s"), 12, 9),
+    ])
+    pods_: Section = ("Pods and series", [
+        (timeseries("Pods per model",
+                    "Processes exporting each model's per-layer series (each worker of a pod counts), from "
+                    "the root module's count: every process exports the root module.",
+                    [target(f"max by (model, device) ({pods}{{{sel}, layer=\"\"}})", "{{model}} {{device}}")],
+                    "short"), 12, 8),
+        (timeseries("Series exported per pod vs budget",
+                    "Series in each process's last /metrics answer (the 20 largest) and the configured "
+                    "series.budget (dashed red). MemprofSeriesOverBudget fires when a process stays above "
+                    "its budget: set series.layers: top or lower series.top_layers.",
+                    [target(f"topk(20, memprof_series_exported{{{q.cfg['selector']}}})"
+                            if q.cfg["selector"] else "topk(20, memprof_series_exported)", "{{instance}}"),
+                     target(f"max(memprof_series_budget{{{q.cfg['selector']}}})"
+                            if q.cfg["selector"] else "max(memprof_series_budget)", "budget")],
+                    "short", overrides=[dashed_red("B")]), 12, 8),
+        (table("Layers tracked and exported per model",
+               "Layers each model has figures for (all in /v1/layers and dumps) and how many of them the "
+               "pods export per-layer series for: fewer with series.layers: top (the root, the "
+               "series.top_layers largest and any leak suspect); the most is all of them on pods that "
+               "export every layer (series.full_detail_fraction).",
+               [target(f"max by (model) (memprof_layers_tracked{{{raw_model}}})", instant=True, table=True),
+                target(f"min by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True),
+                target(f"max by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True)],
+               {"Value #A": ("tracked", "short"), "Value #B": ("exported (fewest)", "short"),
+                "Value #C": ("exported (most)", "short")}, sort_by="tracked"), 24, 6),
+    ])
+    return dashboard(q, "fleet", "Fleet",
+                     "Per-layer memory and forward time folded across the processes (pods) of each model "
+                     "by the fleet recording rules (model_layer_device:*), the pods per model, each "
+                     "process's series against its budget, and the layers exported per model.",
+                     [layers_, pods_], template=template)
+
+
 DASHBOARDS = (overview, layers, operations)
 
 
 def render_all(cfg: dict[str, Any]) -> dict[str, str]:
-    """File name (the dashboard's uid + .json) -> JSON text of every dashboard."""
+    """File name (the dashboard's uid + .json) -> JSON text of every dashboard (the Fleet one with
+    the recording rules it reads)."""
     q = Matchers(cfg)
     out = {}
-    for build in DASHBOARDS:
+    for build in DASHBOARDS + ((fleet,) if cfg["recording"]["enabled"] else ()):
         d = build(q)
         out[f"{d['uid']}.json"] = json.dumps(d, indent=2, ensure_ascii=False) + "\n"
     return out

@@ -26,6 +26,8 @@ DASHBOARD_DIR = GRAFANA / "dashboards"
 DEPLOY = REPO / "deploy"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 ALERTS_TEST = DEPLOY / "prometheus" / "alerts_test.yml"
+RECORDING = DEPLOY / "prometheus" / "recording_rules.yml"
+RECORDING_TEST = DEPLOY / "prometheus" / "recording_rules_test.yml"
 PROMETHEUS_RULE = DEPLOY / "kubernetes" / "prometheusrule.yaml"
 DASHBOARDS_CONFIGMAP = DEPLOY / "kubernetes" / "dashboards-configmap.yaml"
 
@@ -185,6 +187,10 @@ def exprs_by_file() -> dict[str, list[str]]:
         out[_rel(ALERTS)] = list(_rule_exprs(yaml.safe_load(ALERTS.read_text())["groups"]))
     if ALERTS_TEST.exists():
         out[_rel(ALERTS_TEST)] = list(_rule_test_exprs(yaml.safe_load(ALERTS_TEST.read_text())))
+    if RECORDING.exists():
+        out[_rel(RECORDING)] = list(_rule_exprs(yaml.safe_load(RECORDING.read_text())["groups"]))
+    if RECORDING_TEST.exists():
+        out[_rel(RECORDING_TEST)] = list(_rule_test_exprs(yaml.safe_load(RECORDING_TEST.read_text())))
     if PROMETHEUS_RULE.exists():
         out[_rel(PROMETHEUS_RULE)] = list(_rule_exprs(yaml.safe_load(PROMETHEUS_RULE.read_text())["spec"]["groups"]))
     if DASHBOARDS_CONFIGMAP.exists():
@@ -193,14 +199,32 @@ def exprs_by_file() -> dict[str, list[str]]:
     return out
 
 
-def series_names_used() -> dict[str, set[str]]:
-    """Series name as written (``..._bucket`` kept) -> files using it."""
+def recorded_names() -> set[str]:
+    """The series the shipped recording rules define (``level:metric:operations``)."""
+    if not RECORDING.exists():
+        return set()
+    return {r["record"] for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]}
+
+
+def _all_names_used() -> dict[str, set[str]]:
     used: dict[str, set[str]] = {}
     for path, exprs in exprs_by_file().items():
         for expr in exprs:
             for name in metric_names_in(expr):
                 used.setdefault(name, set()).add(path)
     return used
+
+
+def series_names_used() -> dict[str, set[str]]:
+    """Series name as written (``..._bucket`` kept) -> files using it; the recording rules' own
+    series (names with colons, made by Prometheus, not exported) are left out:
+    ``recorded_names_used()`` has them."""
+    return {name: files for name, files in _all_names_used().items() if ":" not in name}
+
+
+def recorded_names_used() -> dict[str, set[str]]:
+    """Recording-rule series (names with colons) -> files using them."""
+    return {name: files for name, files in _all_names_used().items() if ":" in name}
 
 
 def metric_names_used(families: Iterable[str] | None = None) -> dict[str, set[str]]:

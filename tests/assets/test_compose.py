@@ -113,7 +113,7 @@ def test_grafana_mounts_provisioning_and_dashboards(services: dict[str, Any]) ->
     dashboards_host = mounts[provider["options"]["path"]]
     assert dashboards_host == (GRAFANA / "dashboards").resolve()
     assert sorted(p.name for p in dashboards_host.glob("*.json")) == [
-        "memprof-layers.json", "memprof-operations.json", "memprof-overview.json"]
+        "memprof-fleet.json", "memprof-layers.json", "memprof-operations.json", "memprof-overview.json"]
     home = services["grafana"]["environment"].get("GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH")
     if home:
         assert home.startswith(provider["options"]["path"] + "/")

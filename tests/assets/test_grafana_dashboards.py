@@ -11,11 +11,16 @@ import yaml
 
 from mixin import config as mixin_config
 from mixin import dashboards as mixin_dashboards
+from mixin import recording as mixin_recording
 
 from . import asset_queries as aq
 from .promtool import report, run
 
-DASHBOARDS = ["memprof-overview.json", "memprof-layers.json", "memprof-operations.json"]
+# the per-target dashboards (their variables chain down to one instance) and the Fleet one (the
+# recording rules' series, folded across the pods of a model: model and device only)
+TARGET_DASHBOARDS = ["memprof-overview.json", "memprof-layers.json", "memprof-operations.json"]
+FLEET = "memprof-fleet.json"
+DASHBOARDS = [*TARGET_DASHBOARDS, FLEET]
 MODERN_TYPES = {"row", "timeseries", "stat", "table", "bargauge", "gauge", "text"}
 ALLOWED_UNITS = {"bytes", "binBps", "s", "percentunit", "ops", "short", "none"}  # binBps: IEC bytes/s
 DS_REF = {"type": "prometheus", "uid": "${datasource}"}
@@ -44,8 +49,8 @@ def _panels(name: str) -> list[dict[str, Any]]:
     return [p for p in aq.iter_panels(_load(name)) if p["type"] != "row"]
 
 
-def _all_panels() -> list[tuple[str, dict[str, Any]]]:
-    return [(name, p) for name in DASHBOARDS for p in _panels(name)]
+def _all_panels(names: list[str] = DASHBOARDS) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, p) for name in names for p in _panels(name)]
 
 
 def _variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -54,7 +59,7 @@ def _variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 # ---------------------------------------------------------------------------- files and sync
 
-def test_the_three_dashboards_are_shipped() -> None:
+def test_the_four_dashboards_are_shipped() -> None:
     assert sorted(p.name for p in aq.dashboard_files()) == sorted(DASHBOARDS)
 
 
@@ -125,7 +130,7 @@ def test_datasource_variable(name: str) -> None:
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
 
 
-@pytest.mark.parametrize("name", DASHBOARDS)
+@pytest.mark.parametrize("name", TARGET_DASHBOARDS)
 def test_label_variables_come_from_label_values(name: str) -> None:
     variables = _variables(_load(name))
     for var, query in LABEL_VARIABLES.items():
@@ -147,10 +152,12 @@ def test_variables_are_chained_in_order(name: str) -> None:
         used = {m.group(1) or m.group(2) for m in re.finditer(r"\$\{(\w+)[^}]*\}|\$(\w+)", query)}
         assert used <= seen, (var, used - seen)
         seen.add(var)
-    assert [v for v, _ in aq.variable_queries(_load(name))][:7] == list(LABEL_VARIABLES)
+    if name in TARGET_DASHBOARDS:
+        assert [v for v, _ in aq.variable_queries(_load(name))][:7] == list(LABEL_VARIABLES)
 
 
-@pytest.mark.parametrize(("name", "panel"), _all_panels(), ids=lambda x: x if isinstance(x, str) else x["title"])
+@pytest.mark.parametrize(("name", "panel"), _all_panels(TARGET_DASHBOARDS),
+                         ids=lambda x: x if isinstance(x, str) else x["title"])
 def test_every_query_selector_carries_the_target_variables(name: str, panel: dict[str, Any]) -> None:
     for t in panel["targets"]:
         selectors = re.findall(r"memprof_\w+(\{[^{}]*\})?", t["expr"])
@@ -192,6 +199,7 @@ def test_dashboard_queries_render_every_variable() -> None:
 
 # What a query's unit must be, by its shape (first match wins; label matchers removed first).
 _UNIT_RULES = [
+    (r"\w:count\b", "short"),                          # a recorded count (of processes)
     (r"histogram_quantile\(.*_seconds_bucket", "s"),
     (r"histogram_quantile\(.*_bytes_bucket", "bytes"),
     (r"_seconds_sum\b.*/.*_seconds_count\b", "s"),
@@ -216,6 +224,9 @@ def _expected_unit(expr: str) -> str | None:
 
 
 def test_unit_rules_classify_known_shapes() -> None:
+    assert _expected_unit("model_layer_device:memprof_layer_peak_increase_bytes:max{layer!=\"\"}") == "bytes"
+    assert _expected_unit("max by (model) (model_layer_device:memprof_layer_peak_increase_bytes:count)") == "short"
+    assert _expected_unit("model_layer_device:memprof_layer_forward_seconds:mean5m") == "s"
     assert _expected_unit('memprof_process_resident_memory_bytes{instance=~"$instance"}') == "bytes"
     assert _expected_unit("rate(memprof_overhead_seconds_total[5m])") == "percentunit"
     assert _expected_unit("a_bytes / on(instance) b_bytes") == "percentunit"
@@ -372,3 +383,63 @@ def test_overview_shows_each_models_capacity() -> None:
     usable = panels["Usable memory per device"]
     assert "memprof_capacity_usable_bytes" in usable["targets"][0]["expr"]
     assert "{{limit}}" in usable["targets"][0]["legendFormat"]
+
+
+# ---------------------------------------------------------------------------- fleet
+
+RECORDED = re.compile(r"\b(\w+:\w+:\w+)(\{[^{}]*\})?")
+FLEET_MATCHERS = 'model=~"$model", device=~"$device"'
+
+
+def test_fleet_variables_list_the_recorded_models_and_devices() -> None:
+    peak_max = mixin_recording.name("memprof_layer_peak_increase_bytes", "max")
+    assert dict(aq.variable_queries(_load(FLEET))) == {
+        "model": f"label_values({peak_max}, model)",
+        "device": f'label_values({peak_max}{{model=~"$model"}}, device)'}
+    assert _variables(_load(FLEET))["datasource"]["type"] == "datasource"
+
+
+@pytest.mark.parametrize("panel", _panels(FLEET), ids=lambda p: p["title"])
+def test_fleet_panels_read_recorded_series_filtered_by_model_and_device(panel: dict[str, Any]) -> None:
+    defined = set(mixin_recording.names(mixin_config.load()))
+    for t in panel["targets"]:
+        recorded = RECORDED.findall(t["expr"])
+        if not recorded:
+            # per-process figures (the series budget): raw metrics, no target variables here
+            assert aq.metric_names_in(t["expr"]) <= {"memprof_series_exported", "memprof_series_budget",
+                                                     "memprof_layers_tracked", "memprof_layers_exported"}, t["expr"]
+            continue
+        for name, selector in recorded:
+            assert name in defined, f"{name} is no recording rule of recording_rules.yml"
+            assert FLEET_MATCHERS in selector, t["expr"]
+
+
+def test_fleet_dashboard_covers_the_fleet_views() -> None:
+    panels = {p["title"]: p for p in _panels(FLEET)}
+    exprs = {title: [t["expr"] for t in p["targets"]] for title, p in panels.items()}
+    top = exprs["Fleet top layers by max peak increase"]
+    assert top[0].startswith("topk(") and "memprof_layer_peak_increase_bytes:max{" in top[0] and 'layer!=""' in top[0]
+    (versus,) = [t for t in panels if " vs max across pods" in t]
+    assert [":quantile{" in e for e in exprs[versus]] == [True, False]
+    assert ":max{" in exprs[versus][1]
+    assert panels[versus]["fieldConfig"]["overrides"][0]["matcher"] == {"id": "byFrameRefID", "options": "B"}
+    (pods,) = exprs["Pods per model"]
+    assert ":count{" in pods and 'layer=""' in pods      # every process exports the root module
+    assert any(":mean5m{" in e for e in exprs["Mean forward time across pods"])
+    series, budget = panels["Series exported per pod vs budget"]["targets"]
+    assert "memprof_series_exported" in series["expr"] and "memprof_series_budget" in budget["expr"]
+    (override,) = panels["Series exported per pod vs budget"]["fieldConfig"]["overrides"]
+    assert override["matcher"]["options"] == budget["refId"]
+    assert {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}} in override["properties"]
+    tracked, fewest, most = exprs["Layers tracked and exported per model"]
+    assert "memprof_layers_tracked{" in tracked and 'model=~"$model"' in tracked
+    assert fewest.startswith("min by (model) (memprof_layers_exported{") and most.startswith("max by (model)")
+
+
+def test_fleet_dashboard_follows_the_recording_config() -> None:
+    cfg = mixin_config.merge(mixin_config.defaults(), {"recording": {"window": "10m", "quantile": 0.95}})
+    fleet = next(d for n, d in mixin_dashboards.render_all(cfg).items() if n.endswith("fleet.json"))
+    assert ":mean10m{" in fleet and ":mean5m" not in fleet
+    assert "Peak increase p95 vs max across pods" in fleet
+    off = mixin_config.merge(mixin_config.defaults(), {"recording": {"enabled": False}})
+    assert sorted(mixin_dashboards.render_all(off)) == sorted(TARGET_DASHBOARDS)

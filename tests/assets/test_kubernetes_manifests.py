@@ -19,7 +19,7 @@ import yaml
 from mixin import config as mixin_config
 from mixin import outputs as mixin_outputs
 
-from .asset_queries import ALERTS, DASHBOARD_DIR, DEPLOY
+from .asset_queries import ALERTS, DASHBOARD_DIR, DEPLOY, RECORDING
 
 K8S = DEPLOY / "kubernetes"
 EXAMPLES = K8S / "examples"
@@ -227,12 +227,16 @@ def test_gpu_example_asks_for_a_gpu_without_host_access() -> None:
     assert c["resources"]["limits"]["memory"]
 
 
-def test_prometheusrule_carries_the_same_rules_as_alerts_yml() -> None:
+def test_prometheusrule_carries_the_same_rules_as_alerts_yml_and_recording_rules_yml() -> None:
     rule = _one("PrometheusRule")
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["metadata"]["name"]
     assert set(rule["spec"]) == {"groups"}
-    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+    alert_groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    recording_groups = yaml.safe_load(RECORDING.read_text())["groups"]
+    assert len(alert_groups) == len(recording_groups) == 1
+    assert rule["spec"]["groups"] == alert_groups + recording_groups
+    assert all("record" in r for r in rule["spec"]["groups"][1]["rules"])
     for group in rule["spec"]["groups"]:
         assert set(group) <= {"name", "rules", "interval", "limit", "partial_response_strategy"}
         for r in group["rules"]:

@@ -20,6 +20,8 @@ def test_assets_use_metrics() -> None:
     # dashboards, alert rules and their unit tests, and the Kubernetes copies of both
     files = set().union(*used.values())
     assert {"deploy/prometheus/alerts.yml", "deploy/prometheus/alerts_test.yml",
+            "deploy/prometheus/recording_rules.yml", "deploy/prometheus/recording_rules_test.yml",
+            "grafana/dashboards/memprof-fleet.json",
             "deploy/kubernetes/prometheusrule.yaml", "deploy/kubernetes/dashboards-configmap.yaml",
             "grafana/dashboards/memprof-overview.json", "grafana/dashboards/memprof-layers.json",
             "grafana/dashboards/memprof-operations.json"} <= files
@@ -29,6 +31,18 @@ def test_every_metric_used_is_documented() -> None:
     documented = aq.documented_metric_names()
     unknown = {name: sorted(files) for name, files in aq.metric_names_used().items() if name not in documented}
     assert not unknown, f"metrics not in docs/reference.md's tables: {unknown}"
+
+
+def test_every_recorded_series_used_is_defined_by_a_recording_rule() -> None:
+    """A dashboard or rule reading a recorded series nobody records would be silently empty."""
+    defined = aq.recorded_names()
+    used = aq.recorded_names_used()
+    assert len(defined) >= 5 and set(used) >= {"model_layer_device:memprof_layer_peak_increase_bytes:max"}
+    unknown = {name: sorted(files) for name, files in used.items() if name not in defined}
+    assert not unknown, f"recorded series no rule of recording_rules.yml defines: {unknown}"
+    # every recorded series is used somewhere: its own unit test at least
+    assert all("deploy/prometheus/recording_rules_test.yml" in used.get(n, set()) for n in defined), \
+        {n: sorted(used.get(n, set())) for n in defined}
 
 
 def test_histogram_series_fold_into_their_family() -> None:

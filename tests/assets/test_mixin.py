@@ -16,6 +16,7 @@ import yaml
 from mixin import alerts as mixin_alerts
 from mixin import config as mixin_config
 from mixin import outputs as mixin_outputs
+from mixin import recording as mixin_recording
 
 from . import asset_queries as aq
 from .promtool import report, run
@@ -36,6 +37,7 @@ CUSTOM = {
         },
     },
     "dashboards": {"cluster_label": "k8s_cluster", "uid_prefix": "ml-memprof-", "exemplars": False},
+    "recording": {"group_name": "memprof-ml-fleet", "interval": "30s", "quantile": 0.75, "window": "10m"},
     "kubernetes": {"namespace": "monitoring", "labels": {"release": "kube-prometheus-stack"}},
 }
 
@@ -62,8 +64,9 @@ def _rules(text: str, *path: str) -> dict[str, dict[str, Any]]:
 
 
 def _selectors(expr: str) -> list[tuple[str, str]]:
-    """(metric, matchers) of every series selector in a PromQL expression."""
-    return re.findall(r"\b(memprof_\w+|up)(?:\{([^{}]*)\})?(?!\w|\s*\()", expr)
+    """(metric, matchers) of every series selector of an exported metric in a PromQL expression
+    (a recording rule's series, ``level:memprof_...:operation``, is not one)."""
+    return re.findall(r"(?<![\w:])(memprof_\w+|up)(?:\{([^{}]*)\})?(?!\w|\s*\(|:)", expr)
 
 
 # ---------------------------------------------------------------------------- the shipped files
@@ -129,19 +132,28 @@ def test_custom_prometheusrule(custom: tuple[Path, dict[str, str]]) -> None:
     doc = yaml.safe_load(files["deploy/kubernetes/prometheusrule.yaml"])
     assert doc["metadata"]["namespace"] == "monitoring"
     assert doc["metadata"]["labels"] == {"app.kubernetes.io/name": "memprof-otel", "release": "kube-prometheus-stack"}
-    assert doc["spec"]["groups"] == yaml.safe_load(files["deploy/prometheus/alerts.yml"])["groups"]
-    assert doc["spec"]["groups"][0]["name"] == "memprof-ml"
+    assert doc["spec"]["groups"] == (yaml.safe_load(files["deploy/prometheus/alerts.yml"])["groups"]
+                                     + yaml.safe_load(files["deploy/prometheus/recording_rules.yml"])["groups"])
+    assert [g["name"] for g in doc["spec"]["groups"]] == ["memprof-ml", "memprof-ml-fleet"]
 
 
 def test_custom_dashboards(custom: tuple[Path, dict[str, str]]) -> None:
     files = custom[1]
     boards = {rel: json.loads(t) for rel, t in files.items() if rel.startswith("grafana/dashboards/")}
-    assert sorted(boards) == [f"grafana/dashboards/ml-memprof-{n}.json" for n in ("layers", "operations", "overview")]
+    assert sorted(boards) == [f"grafana/dashboards/ml-memprof-{n}.json" for n in ("fleet", "layers", "operations", "overview")]
     cm = yaml.safe_load(files["deploy/kubernetes/dashboards-configmap.yaml"])
     assert {f"grafana/dashboards/{k}" for k in cm["data"]} == set(boards)
     for rel, d in boards.items():
         assert d["uid"] == Path(rel).stem
         variables = dict(aq.variable_queries(d))
+        if rel.endswith("fleet.json"):
+            # recorded series keep model, layer and device only: the selector was applied by the rules
+            assert "cluster" not in variables and set(variables) == {"model", "device"}
+            exprs = [t["expr"] for p in aq.iter_panels(d) for t in p.get("targets", [])]
+            assert all(CUSTOM["selector"] in inside for e in exprs for _, inside in _selectors(e))
+            assert any(":mean10m{" in e for e in exprs) and not any("mean5m" in e for e in exprs)
+            assert any(p["title"] == "Peak increase p75 vs max across pods" for p in aq.iter_panels(d))
+            continue
         assert variables["cluster"] == f'label_values(memprof_build_info{{{CUSTOM["selector"]}}}, k8s_cluster)'
         assert 'k8s_cluster=~"$cluster"' in variables["namespace"]
         exprs = [t["expr"] for p in aq.iter_panels(d) for t in p.get("targets", [])] + list(variables.values())
@@ -200,6 +212,10 @@ def test_custom_job_selector_fires_for_that_job_only(custom: tuple[Path, dict[st
     ("alerts: {extra_labels: {'bad-label': x}}\n", "alerts.extra_labels.bad-label"),
     ("selector: '{namespace=\"ml\"}'\n", "selector"),
     ("dashboards: [a]\n", "dashboards"),
+    ("recording: {quantile: 1.5}\n", "recording.quantile"),
+    ("recording: {window: soon}\n", "recording.window"),
+    ("recording: {interval: 1 minute}\n", "recording.interval"),
+    ("recording: {enabled: 'yes'}\n", "recording.enabled"),
 ])
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
     (tmp_path / "bad.yaml").write_text(text)
@@ -246,3 +262,66 @@ def test_headroom_low_peaks_reaches_expression_and_words() -> None:
     assert "on(instance, job, worker, model, device)" in low["expr"]
     assert "less than 2 more of its largest recent forwards" in low["annotations"]["summary"]
     assert "At most two forwards of that shape fit now: three at once" in low["annotations"]["description"]
+
+
+# ---------------------------------------------------------------------------- recording rules
+
+def test_custom_recording_rules(custom: tuple[Path, dict[str, str]], promtool: str) -> None:
+    text = custom[1]["deploy/prometheus/recording_rules.yml"]
+    result = run(promtool, "check", "rules", "recording_rules.yml", cwd=custom[0] / "deploy/prometheus")
+    assert result.returncode == 0, report(result)
+    (group,) = yaml.safe_load(text)["groups"]
+    assert group["name"] == "memprof-ml-fleet" and group["interval"] == "30s"
+    rules = {r["record"]: r for r in group["rules"]}
+    for name, r in rules.items():
+        found = _selectors(r["expr"])
+        if name.endswith(":mean10m"):
+            assert not found                   # it reads the two recorded rates only
+            continue
+        assert found, name
+        for metric, inside in found:
+            assert inside == CUSTOM["selector"], (name, metric, inside)
+    q = rules["model_layer_device:memprof_layer_peak_increase_bytes:quantile"]
+    assert "(0.75, memprof_layer_peak_increase_bytes{" in q["expr"] and q["labels"] == {"quantile": "0.75"}
+    assert "[10m]" in rules["model_layer_device:memprof_layer_forward_seconds_sum:sum_rate10m"]["expr"]
+
+
+def test_custom_recording_rules_fold_only_the_selected_series(custom: tuple[Path, dict[str, str]], promtool: str,
+                                                              tmp_path: Path) -> None:
+    """The configured selector reaches the rules' inputs: a pod of another namespace stays out."""
+    (tmp_path / "recording_rules.yml").write_text(custom[1]["deploy/prometheus/recording_rules.yml"])
+    series = 'memprof_layer_peak_increase_bytes{{namespace="{ns}", cluster="prod-eu", instance="{i}", ' \
+             'model="enc", layer="blocks.0", device="cuda:0"}}'
+    tests = {"rule_files": ["recording_rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": series.format(ns="ml", i="a"), "values": "100x5"},
+                         {"series": series.format(ns="ml", i="b"), "values": "300x5"},
+                         {"series": series.format(ns="dev", i="c"), "values": "5000x5"}],
+        "promql_expr_test": [
+            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:max", "eval_time": "4m",
+             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:max'
+                                        '{model="enc", layer="blocks.0", device="cuda:0"}', "value": 300}]},
+            # 0.75 quantile of 100 and 300: 100 + 0.75 * 200
+            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:quantile", "eval_time": "4m",
+             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:quantile'
+                                        '{model="enc", layer="blocks.0", device="cuda:0", quantile="0.75"}',
+                              "value": 250}]},
+            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:count", "eval_time": "4m",
+             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:count'
+                                        '{model="enc", layer="blocks.0", device="cuda:0"}', "value": 2}]},
+        ],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    result = run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+    assert result.returncode == 0, report(result)
+
+
+def test_recording_disabled_writes_no_rules_and_no_fleet_dashboard() -> None:
+    cfg = mixin_config.merge(mixin_config.defaults(), {"recording": {"enabled": False}})
+    files = mixin_outputs.render(cfg)
+    assert yaml.safe_load(files["deploy/prometheus/recording_rules.yml"])["groups"] == []
+    assert [g["name"] for g in yaml.safe_load(files["deploy/kubernetes/prometheusrule.yaml"])["spec"]["groups"]] \
+        == ["memprof-otel"]
+    assert not any(rel.endswith("fleet.json") for rel in files)
+    assert "memprof-fleet.json" not in yaml.safe_load(files["deploy/kubernetes/dashboards-configmap.yaml"])["data"]
+    assert mixin_recording.names(cfg) == []

@@ -10,7 +10,9 @@ import yaml
 from mixin import config as mixin_config
 from mixin import outputs as mixin_outputs
 
-from .asset_queries import ALERTS, ALERTS_TEST, DEPLOY, REPO
+from mixin import recording as mixin_recording
+
+from .asset_queries import ALERTS, ALERTS_TEST, DEPLOY, RECORDING, RECORDING_TEST, REPO
 from .promtool import report, run
 
 PROM_DIR = DEPLOY / "prometheus"
@@ -23,7 +25,20 @@ EXPECTED_ALERTS = {
     "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing", "MemprofMemoryLeakSuspected",
     "MemprofHeadroomLow", "MemprofHeadroomExhausted", "MemprofCapacityModelInaccurate",
+    "MemprofSeriesOverBudget",
 }
+# the fleet recording rules (recording_rules.yml), in evaluation order
+EXPECTED_RECORDS = [
+    "model_layer_device:memprof_layer_peak_increase_bytes:max",
+    "model_layer_device:memprof_layer_peak_increase_bytes:quantile",
+    "model_layer_device:memprof_layer_retained_bytes:max",
+    "model_layer_device:memprof_layer_retained_bytes:quantile",
+    "model_layer_device:memprof_layer_peak_increase_bytes:count",
+    "model_layer_device:memprof_layer_peak_allocated_bytes:max",
+    "model_layer_device:memprof_layer_forward_seconds_sum:sum_rate5m",
+    "model_layer_device:memprof_layer_forward_seconds_count:sum_rate5m",
+    "model_layer_device:memprof_layer_forward_seconds:mean5m",
+]
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 SEVERITIES = {"info", "warning", "critical"}
 
@@ -105,9 +120,13 @@ def test_unit_tests_load_the_shipped_rules() -> None:
     assert yaml.safe_load(ALERTS_TEST.read_text())["rule_files"] == [ALERTS.name]
 
 
+@pytest.mark.parametrize("config", CONFIGS)
+def test_scrape_configs_load_the_alert_and_recording_rules(config: str) -> None:
+    assert yaml.safe_load((PROM_DIR / config).read_text())["rule_files"] == [ALERTS.name, RECORDING.name]
+
+
 def test_scrape_config_targets_the_demo_and_loads_the_rules() -> None:
     config = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-    assert config["rule_files"] == [ALERTS.name]
     jobs = {j["job_name"]: j for j in config["scrape_configs"]}
     demo = jobs["memprof-otel"]          # MemprofTargetDown matches this job name
     targets = [t for sc in demo["static_configs"] for t in sc["targets"]]
@@ -162,3 +181,76 @@ def test_alert_links_its_runbook_section(rule: dict) -> None:
 
 def test_every_runbook_is_an_alert() -> None:
     assert set(_runbook_sections()) == EXPECTED_ALERTS
+
+
+# ---------------------------------------------------------------------------- recording rules
+
+def _records() -> list[dict]:
+    return [r for g in yaml.safe_load(RECORDING.read_text())["groups"] for r in g["rules"]]
+
+
+def test_recording_rules_pass_promtool_check(promtool: str) -> None:
+    result = run(promtool, "check", "rules", RECORDING.name, cwd=PROM_DIR)
+    assert result.returncode == 0, report(result)
+    assert f"SUCCESS: {len(EXPECTED_RECORDS)} rules found" in result.stdout
+
+
+def test_recording_rule_unit_tests_pass(promtool: str) -> None:
+    result = run(promtool, "test", "rules", RECORDING_TEST.name, cwd=PROM_DIR)
+    assert result.returncode == 0, report(result)
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("(0.9, memprof_layer_peak_increase_bytes)", "(0.5, memprof_layer_peak_increase_bytes)"),
+    ("max by (model, layer, device) (memprof_layer_retained_bytes)",
+     "max by (model, layer, device, instance) (memprof_layer_retained_bytes)"),
+    ("count by (model, layer, device)", "count by (model, device)"),
+    ("/ model_layer_device:memprof_layer_forward_seconds_count", "* model_layer_device:memprof_layer_forward_seconds_count"),
+])
+def test_a_broken_recording_rule_is_caught(promtool: str, tmp_path, old: str, new: str) -> None:
+    """Guards the guard: the unit tests fail when a rule folds differently (another quantile, a
+    label kept, another grouping, another operation)."""
+    text = RECORDING.read_text()
+    assert text.count(old) == 1, old
+    (tmp_path / "recording_rules.yml").write_text(text.replace(old, new))
+    (tmp_path / "recording_rules_test.yml").write_text(RECORDING_TEST.read_text())
+    result = run(promtool, "test", "rules", "recording_rules_test.yml", cwd=tmp_path)
+    assert result.returncode != 0, report(result)
+
+
+def test_recording_rules_are_the_expected_ones_in_order() -> None:
+    records = _records()
+    assert [r["record"] for r in records] == EXPECTED_RECORDS
+    assert [r["record"] for r in records] == mixin_recording.names(mixin_config.load())
+    (group,) = yaml.safe_load(RECORDING.read_text())["groups"]
+    assert group["name"] == "memprof-otel-fleet"
+
+
+def test_recording_rule_names_follow_level_metric_operations() -> None:
+    for r in _records():
+        level, metric, operation = r["record"].split(":")
+        assert level == "model_layer_device", r["record"]
+        # the metric part is the input series' name, and the rule reads it
+        assert re.match(r"memprof_layer_\w+$", metric) and metric in r["expr"], r
+        assert operation in {"max", "quantile", "count", "sum_rate5m", "mean5m"}, r
+        if operation != "mean5m":       # the mean divides the two recorded rates
+            assert "by (model, layer, device)" in r["expr"], r
+    quantiles = [r for r in _records() if r["record"].endswith(":quantile")]
+    assert quantiles and all(r["labels"] == {"quantile": "0.9"} and "(0.9," in r["expr"] for r in quantiles)
+
+
+def test_recording_rule_unit_tests_cover_every_rule_and_load_the_shipped_file() -> None:
+    doc = yaml.safe_load(RECORDING_TEST.read_text())
+    assert doc["rule_files"] == [RECORDING.name]
+    tested = {case["expr"].split("{")[0] for test in doc["tests"] for case in test["promql_expr_test"]}
+    assert tested == set(EXPECTED_RECORDS)
+    # three pods of one model, as a fleet has them
+    pods = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in doc["tests"][0]["input_series"]
+            if 'model="enc"' in s["series"]}
+    assert len(pods) == 3
+
+
+def test_recording_rules_yml_is_what_the_mixin_writes_with_its_defaults() -> None:
+    assert RECORDING.read_text(encoding="utf-8") == \
+        mixin_outputs.render(mixin_config.load())["deploy/prometheus/recording_rules.yml"], "run python -m mixin"

@@ -1,7 +1,8 @@
 """The shipped dashboards and alert rules against the real demo: every metric they name exists in
 its /metrics, every dashboard query returns data from a real Prometheus scraping it, the chained
 dashboard variables resolve there (absent Kubernetes labels included), the operation panels' exemplars
-carry trace ids, and the mixin's rules (rendered for this Prometheus' job) load and evaluate.
+carry trace ids, and the mixin's rules (rendered for this Prometheus' job) load and evaluate: every
+fleet recording rule records series, which the Fleet dashboard's panels and variables read.
 
 Panels that cannot have data on this machine are listed by the dashboards themselves
 (grafana/gpu_only_panels.txt: no GPU; grafana/cgroup_limit_panels.txt: no cgroup memory limit) and
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mixin import config as mixin_config
 from mixin import outputs as mixin_outputs
+from mixin import recording as mixin_recording
 from tests import cgroup_truth
 from tests.assets.asset_queries import (
     VARIABLE_VALUES,
@@ -74,12 +76,14 @@ def _closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def _rules_for_this_prometheus(path: Path) -> Path:
-    """The mixin's rules for the job this test's Prometheus uses (a user's own config at work)."""
+def _rules_for_this_prometheus(directory: Path) -> list[Path]:
+    """The mixin's alert and recording rules for the job this test's Prometheus uses (a user's own
+    config at work)."""
     cfg = mixin_config.merge(mixin_config.defaults(), {"job_selector": f'job="{JOB}"'})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(mixin_outputs.alerts_yml(cfg))
-    return path
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "alerts.yml").write_text(mixin_outputs.alerts_yml(cfg))
+    (directory / "recording_rules.yml").write_text(mixin_outputs.recording_rules_yml(cfg))
+    return [directory / "alerts.yml", directory / "recording_rules.yml"]
 
 
 def _empty_panels(prom, values: dict[str, str]) -> dict[str, list[str]]:
@@ -117,18 +121,24 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
     # Prometheus (exemplar storage on) scraping it with the mixin's alert rules
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": _closed_port_url(), "MEMPROF_OTEL_OTEL_EXPORT_INTERVAL": "1s",
            "MEMPROF_OTEL_OTEL_EXPORT_TIMEOUT": "1s", "OTEL_BSP_SCHEDULE_DELAY": "500"}
-    rules = _rules_for_this_prometheus(tmp_path / "rules" / "alerts.yml")
+    rules = _rules_for_this_prometheus(tmp_path / "rules")
+    records = mixin_recording.names(mixin_config.defaults())
     with running_demo(tmp_path / "demo", env=env) as demo:
         target = demo.metrics_url.split("//", 1)[1].split("/", 1)[0]
-        with running_prometheus([target], tmp_path / "prom", rule_files=[rules],
+        with running_prometheus([target], tmp_path / "prom", rule_files=rules,
                                 extra_flags=["--enable-feature=exemplar-storage"]) as prom:
             prom.query_until(f'up{{job="{JOB}"}} == 1', timeout=30, what="the demo scraped")
             # rate()/histogram_quantile over [1m] need a few scrapes of moving counters
             prom.query_until('rate(memprof_operation_duration_seconds_count[1m]) > 0', timeout=30)
             prom.query_until('rate(memprof_export_errors_total{exporter=~"otlp_.*"}[1m]) > 0', timeout=60,
                              what="failed OTLP exports counted")
+            # the fleet recording rules have run on the scraped per-layer series (the mean divides
+            # two recorded rates: it needs two scrapes of the forward-time counters)
+            for record in records:
+                prom.query_until(record, timeout=30, what=f"recording rule {record}")
             time.sleep(3)
             exposed = _families(demo.metrics())
+            recorded = {record: prom.query(record) for record in records}
 
             # WHEN every dashboard query is evaluated through the HTTP API, with every variable "All"
             queries = dashboard_queries()
@@ -166,8 +176,26 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
     assert not unexpected, f"panels without data against the demo: {unexpected}"
     assert set(empty_all) == expected_empty, f"listed as empty but have data: {expected_empty - set(empty_all)}"
 
+    # AND every recording rule recorded the demo's layers, folded to model, layer and device
+    for record, found in recorded.items():
+        assert found, f"recording rule {record} recorded nothing"
+        for s in found:
+            # (the root module's layer "" is no label at all in Prometheus)
+            labels = {k for k in s["metric"] if k != "__name__"}
+            kept = {"model", "layer", "device"} | ({"quantile"} if record.endswith(":quantile") else set())
+            assert kept - {"layer"} <= labels <= kept, (record, s["metric"])
+        assert {(s["metric"]["model"], s["metric"]["device"]) for s in found} >= {("minilm", "cpu")}, record
+    pods = recorded["model_layer_device:memprof_layer_peak_increase_bytes:count"]
+    assert all(float(s["value"][1]) == 1 for s in pods), pods       # one demo process
+    assert any("layer" not in s["metric"] for s in pods)             # the root module is exported
+    assert any(s["metric"].get("layer") for s in pods)                # and the layers
+
     # AND the chained variables offer the demo's values; the labels a plain Prometheus lacks offer
-    # none, and their "All" (or an empty value) still matches every series
+    # none, and their "All" (or an empty value) still matches every series; the Fleet dashboard
+    # offers the recorded models and devices
+    fleet_offered, _ = resolved.pop("memprof-fleet")
+    assert set(fleet_offered) == {"model", "device"} and "minilm" in fleet_offered["model"], fleet_offered
+    assert "cpu" in fleet_offered["device"], fleet_offered
     for name, (dash_offered, _) in resolved.items():
         assert {k for k, v in dash_offered.items() if not v} == ABSENT_LABELS, (name, dash_offered)
         assert dash_offered["job"] == [JOB] and dash_offered["instance"] == [target], dash_offered
@@ -186,7 +214,8 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
 
     # AND the rules are healthy, and the failing OTLP export has raised its alert (pending: `for`)
     rule_list = [r for g in groups for r in g["rules"]]
-    assert len(rule_list) == len(mixin_config.defaults()["alerts"]["rules"])
+    assert len(rule_list) == len(mixin_config.defaults()["alerts"]["rules"]) + len(records)
+    assert {r["name"] for r in rule_list if r["type"] == "recording"} == set(records)
     assert all(r.get("health") == "ok" for r in rule_list), [(r["name"], r.get("lastError")) for r in rule_list]
     assert {a["metric"]["exporter"] for a in export_alert} >= {"otlp_traces"}, json.dumps(export_alert)
     assert all(a["metric"]["alertstate"] == "pending" and a["metric"]["job"] == JOB for a in export_alert)
