@@ -136,6 +136,11 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
             # two recorded rates: it needs two scrapes of the forward-time counters)
             for record in records:
                 prom.query_until(record, timeout=30, what=f"recording rule {record}")
+            # the memory model's gauges appear once it can answer: after forwards of enough
+            # different shapes, which the synthetic traffic reaches at its own pace
+            for name in ("memprof_capacity_headroom_bytes", "memprof_capacity_fit_error_ratio",
+                         "memprof_capacity_max_safe_batch", "memprof_capacity_predicted_peak_bytes"):
+                prom.query_until(name, timeout=90, what=f"{name} (the memory model answering)")
             time.sleep(3)
             exposed = _families(demo.metrics())
             recorded = {record: prom.query(record) for record in records}
