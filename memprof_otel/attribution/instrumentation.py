@@ -261,7 +261,7 @@ class Instrumentation:
         """Deep-capture the next ``forwards`` forwards (returns at once; see ``Capture.wait``)."""
         if self._closed:
             raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to capture")
-        cap = Capture(self.name, forwards, per_op=self.captures_ops)
+        cap = Capture(self.name, forwards, per_op=self.captures_ops, device=self.last_device)
         with live.LOCK:
             current = self._capture
             if current is not None and not current.done:

@@ -20,7 +20,9 @@ from typing import Any, Protocol
 
 from .._version import __version__
 from ..errors import MemprofError
-from ..files import write_json_atomic
+from ..files import write_bytes_atomic, write_json_atomic
+from .flame import SIDE_KEY, Flame, merge
+from .pprof import build_pprof, is_pprof_path
 from .speedscope import balanced_calls, build_speedscope
 
 
@@ -37,7 +39,7 @@ class LayerCall(Protocol):
 
 class Capture:
     def __init__(self, model_name: str, forwards: int, max_records: int = 2_000_000, *,
-                 per_op: bool = True) -> None:
+                 per_op: bool = True, device: str | None = None) -> None:
         if isinstance(forwards, bool) or not isinstance(forwards, int) or not 1 <= forwards <= 1000:
             raise ValueError(f"forwards must be an int in [1, 1000], got {forwards!r}")
         self.model_name = model_name
@@ -57,6 +59,7 @@ class Capture:
         self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
         self.cuda_snapshot: dict[str, Any] | None = None
         self.per_op = per_op
+        self.device = device      # the model's device when the capture was armed, where known
         self.measure = "bytes allocated" if per_op else "peak increase of innermost layer calls"
         # per_op=False: beside each open frame, "no sublayer called inside it yet"
         self._innermost: list[bool] = []
@@ -85,22 +88,60 @@ class Capture:
         if history is not None and self.cuda_snapshot is None:
             self.cuda_snapshot = history.stop()
 
-    def speedscope(self) -> dict[str, Any]:
-        """The captured forwards as a speedscope document; ``MemprofError`` before the first one
-        completed (an empty profile would look like a model that allocates nothing)."""
+    def _check_completed(self) -> None:
         if self.completed == 0:
             why = (f": {self.failed}" if self.failed else
                    " yet: run a forward of the model (wait() returns once the forwards are in)")
             raise MemprofError(f"no forward of {self.model_name!r} was captured{why}")
+
+    def _title(self) -> str:
+        return f"{self.model_name} ({self.completed} forward{'s' if self.completed != 1 else ''})"
+
+    def flame(self) -> Flame:
+        """What was recorded as the plain data both files are built from: per stack, the bytes and
+        the number of allocations (``per_op=False``: the peak increase alone, one sample type)."""
+        self._check_completed()
         with self._lock:
             allocations = list(self.allocations)
-            calls = balanced_calls(self.calls)
-        return build_speedscope(f"{self.model_name} ({self.completed} forward"
-                                f"{'s' if self.completed != 1 else ''})", allocations, calls,
-                                exporter=f"memprof-otel {__version__}", measure=self.measure)
+            calls = list(self.calls)
+        return self._flame(allocations, calls)
+
+    def _flame(self, allocations: list[tuple[tuple[str, ...], int]], calls: list[tuple[str, str, float]]) -> Flame:
+        stacks, values = merge(allocations, count=self.per_op)
+        types = (("alloc_space", "bytes"), ("alloc_objects", "count")) if self.per_op else \
+            (("peak_increase", "bytes"),)
+        labels = [("model", self.model_name)]
+        if self.device:
+            labels.append(("device", self.device))
+        span = (max(t for _, _, t in calls) - min(t for _, _, t in calls)) if calls else 0.0
+        return Flame(types, stacks, values, labels=tuple(labels), time_nanos=int(self.created_unix * 1e9),
+                     duration_nanos=int(span * 1e9), comments=(f"{self._title()}: {self.measure}",))
+
+    def speedscope(self) -> dict[str, Any]:
+        """The captured forwards as a speedscope document; ``MemprofError`` before the first one
+        completed (an empty profile would look like a model that allocates nothing). It carries
+        what its pprof file needs beyond it under ``memprof_otel`` (see ``flame.py``)."""
+        self._check_completed()
+        with self._lock:
+            allocations = list(self.allocations)
+            raw_calls = list(self.calls)
+        flame = self._flame(allocations, raw_calls)
+        doc = build_speedscope(self._title(), flame.weighted(), balanced_calls(raw_calls),
+                               exporter=f"memprof-otel {__version__}", measure=self.measure)
+        doc[SIDE_KEY] = {"pprof": flame.side_entry()}
+        return doc
+
+    def pprof(self) -> bytes:
+        """The captured forwards as a gzipped pprof ``Profile`` (``MemprofError`` as ``speedscope``)."""
+        return build_pprof(self.flame())
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        write_json_atomic(self.speedscope(), path)
+        """Write the capture: a pprof file when ``path`` ends in ``.pb.gz`` or ``.pprof``, else a
+        speedscope JSON file."""
+        if is_pprof_path(path):
+            write_bytes_atomic(self.pprof(), path)
+        else:
+            write_json_atomic(self.speedscope(), path)
 
     def total_bytes(self) -> int:
         with self._lock:

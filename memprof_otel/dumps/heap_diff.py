@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .flame import SIDE_KEY, Flame
 from .speedscope import build_speedscope
 
 MAX_SPEEDSCOPE_SITES = 5000   # sites in the flame graph; a process with more growing tracebacks keeps the largest
@@ -133,15 +134,33 @@ def diff_snapshots(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, *,
         traced_bytes_after=sum(d.size for d in diffs), sites_grown=len(grown))
 
 
-def heap_speedscope(diff: HeapDiff, name: str) -> dict[str, Any]:
-    """A speedscope file of the growth: one ``sampled`` profile in bytes, each growing traceback a
-    stack (oldest frame at the root, the allocating ``file:line`` at the leaf) weighted by its growth.
-    A traceback at the frame limit starts with a frame saying that older frames may be missing."""
-    stacks = []
+def heap_flame(diff: HeapDiff, *, started_unix: float = 0.0, seconds: float = 0.0) -> Flame:
+    """The growth as plain flame data: each growing traceback a stack (oldest frame at the root,
+    the allocating ``file:line`` at the leaf; a traceback at the frame limit starts with a frame
+    saying older frames may be missing) with its bytes and blocks grown; each ``file:line`` frame
+    keeps its file and line for pprof. ``started_unix``: the first snapshot's time; ``seconds``:
+    the time between the snapshots."""
+    rows: dict[tuple[str, ...], list[int]] = {}
+    lines: dict[str, tuple[str, int]] = {}
     for s in diff.growing:
         frames = [f"{f}:{n}" for f, n in s.traceback]
+        lines.update((f"{f}:{n}", (f, n)) for f, n in s.traceback)
         if s.at_limit:
             frames.insert(0, AT_LIMIT_FRAME)
-        stacks.append((frames, s.size_diff))
-    return build_speedscope(name, stacks, [], exporter="memprof-otel heap diff",
-                            measure="bytes grown")
+        v = rows.setdefault(tuple(frames), [0, 0])  # distinct tracebacks give distinct stacks
+        v[0] += s.size_diff
+        v[1] += s.count_diff
+    return Flame((("inuse_space", "bytes"), ("inuse_objects", "count")), tuple(rows),
+                 tuple((b, c) for b, c in rows.values()), frame_lines=lines,
+                 time_nanos=int(started_unix * 1e9), duration_nanos=int(seconds * 1e9),
+                 comments=("Python heap growth between two tracemalloc snapshots",))
+
+
+def heap_speedscope(diff: HeapDiff, name: str, *, started_unix: float = 0.0, seconds: float = 0.0) -> dict[str, Any]:
+    """A speedscope file of the growth (``heap_flame``): one ``sampled`` profile in bytes, each
+    growing traceback a stack weighted by its growth; what its pprof file needs beyond it rides
+    under ``memprof_otel``."""
+    flame = heap_flame(diff, started_unix=started_unix, seconds=seconds)
+    doc = build_speedscope(name, flame.weighted(), [], exporter="memprof-otel heap diff", measure="bytes grown")
+    doc[SIDE_KEY] = {"pprof": flame.side_entry()}
+    return doc

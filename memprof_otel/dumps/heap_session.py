@@ -122,6 +122,7 @@ class HeapProfiler:
             tracemalloc.start(frames)
         try:
             used_frames = tracemalloc.get_traceback_limit()
+            started = time.time()
             before = tracemalloc.take_snapshot()
             t0 = time.monotonic()
             stopped = self._wake.wait(seconds)
@@ -134,7 +135,8 @@ class HeapProfiler:
                 tracemalloc.stop()
         diff = diff_snapshots(before, after, top=top, own=self._own())
         del before, after  # the snapshots can be large; the diff keeps what it needs
-        doc = heap_speedscope(diff, f"Python heap growth over {elapsed:.1f} s")
+        doc = heap_speedscope(diff, f"Python heap growth over {elapsed:.1f} s", started_unix=started,
+                              seconds=elapsed)
         dump, error = None, None
         try:
             dump = self._store().save(doc, kind=FORMAT, model="")
