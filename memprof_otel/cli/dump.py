@@ -4,11 +4,13 @@
 command then long-polls ``GET /v1/dumps/{request id}?wait=...`` until the request is complete or
 failed, or ``--timeout`` plus a margin for storing has passed, and downloads the stored dump from
 its ``url``. The file is written atomically (never half a file). Open it at
-https://www.speedscope.app.
+https://www.speedscope.app; with ``--format pprof`` the endpoint converts it to a gzipped pprof
+``Profile`` (``go tool pprof FILE``, Pyroscope, Parca).
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import time
 import urllib.parse
@@ -24,10 +26,36 @@ POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common prox
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_endpoint_arguments(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the dump")
+    add_format_argument(p)
     p.add_argument("--model", default=None, help="model name (needed when several are instrumented)")
     p.add_argument("--forwards", type=int, default=1, help="forwards to capture (1..1000)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds to wait for those forwards to happen")
+
+
+FORMATS = ("speedscope", "pprof")
+
+
+def add_format_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=FORMATS, default=FORMATS[0],
+                   help="file format: speedscope JSON, or pprof (a gzipped pprof Profile)")
+
+
+def download(client: Client, path: str, fmt: str) -> bytes:
+    """A stored flame graph's bytes in ``fmt``, checked to be that format."""
+    body = client.request("GET", path, {"format": fmt} if fmt != FORMATS[0] else None, timeout=60.0,
+                          accept="application/octet-stream" if fmt == "pprof" else "application/json")
+    if fmt == "pprof":
+        try:
+            gzip.decompress(body)
+        except (OSError, EOFError):
+            raise CommandError(f"GET {client.url(path)}: the dump is not a gzipped pprof file") from None
+    else:
+        try:
+            json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise CommandError(f"GET {client.url(path)}: the dump is not JSON") from None
+    return body
 
 
 def _wait_for(client: Client, job: dict[str, Any], deadline: float) -> dict[str, Any]:
@@ -72,12 +100,12 @@ def run(args: argparse.Namespace) -> int:
     where = str(info.get("url", ""))
     path = where if where.startswith(("http://", "https://")) else \
         "/v1/dumps/" + urllib.parse.quote(dump_id, safe="")  # relative to --url (it may be mounted)
-    body = client.request("GET", path, timeout=60.0)
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise CommandError(f"GET {client.url(path)}: the dump is not JSON") from None
+    body = download(client, path, args.format)
     write_bytes_atomic(body, args.output)
+    if args.format == "pprof":
+        print(f"wrote {args.output}: dump {dump_id}, {len(body)} bytes, pprof (go tool pprof {args.output})")
+        return 0
+    doc = json.loads(body)
     frames = len(doc.get("shared", {}).get("frames", [])) if isinstance(doc, dict) else 0
     print(f"wrote {args.output}: dump {dump_id}, {len(body)} bytes, {frames} frames "
           f"(open it at https://www.speedscope.app)")

@@ -2,7 +2,8 @@
 
 ``POST {url}/v1/heap`` runs tracemalloc in the served process for ``--seconds``, then answers the
 allocation sites whose live memory grew most (``file:line`` of the allocating frame, bytes and
-blocks); the growth is also stored there as a speedscope file (``-o`` downloads it).
+blocks); the growth is also stored there as a speedscope file (``-o`` downloads it; ``--format
+pprof`` as a gzipped pprof ``Profile``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..files import write_bytes_atomic
 from ..http.guards import HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP
 from ..units import format_bytes
 from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
+from .dump import add_format_argument, download
 
 ANSWER_MARGIN_S = 60.0  # after the traced seconds: two snapshots, the diff and the stored file
 
@@ -29,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracebacks", action="store_true", help="print each site's traceback too")
     p.add_argument("--json", action="store_true", help="print the endpoint's JSON answer as it is")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
-                   help="also download the speedscope file of the growth to FILE")
+                   help="also download the flame graph of the growth to FILE")
+    add_format_argument(p)
 
 
 def _check(name: str, value: float, limits: tuple[float, float, float]) -> None:
@@ -80,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
         dump = doc.get("dump")
         if not dump:
             raise CommandError(f"the endpoint could not store the speedscope file: {doc.get('dump_error')}")
-        body = client.request("GET", "/v1/dumps/" + urllib.parse.quote(dump["id"], safe=""), timeout=60.0)
+        body = download(client, "/v1/dumps/" + urllib.parse.quote(dump["id"], safe=""), args.format)
         write_bytes_atomic(body, args.output)
     print(json.dumps(doc, indent=2) if args.json else render(doc, args.tracebacks))
     if args.output and not args.json:
-        print(f"wrote {args.output} (open it at https://www.speedscope.app)")
+        print(f"wrote {args.output} (" + (f"go tool pprof {args.output}" if args.format == "pprof"
+                                          else "open it at https://www.speedscope.app") + ")")
     return 0

@@ -28,7 +28,9 @@ from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, pa
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
+from ..dumps.flame import flame_from_speedscope
 from ..dumps.heap_session import HeapProfiler
+from ..dumps.pprof import build_pprof
 from ..dumps.service import DumpService
 from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import ScrapeSource, make_registry, render_exposition
@@ -39,7 +41,7 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
-from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,
                      host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,
                      parse_number)
@@ -592,6 +594,10 @@ class Endpoint:
         """A job id (``job-...``): the request's status (202 pending, 200 complete or failed;
         ``wait`` long-polls). A dump id: the stored file itself."""
         wait = _float_param(q, "wait", 0.0, 0.0, DUMP_WAIT_MAX)
+        fmt = q.get("format", [DUMP_FORMATS[0]])[-1]
+        if fmt not in DUMP_FORMATS:
+            raise HttpError(400, "bad_parameter", f"format must be one of {', '.join(DUMP_FORMATS)}, "
+                                                  f"got {_shown(fmt)}")
         if JOB_ID_RE.fullmatch(dump_id):
             job = self.rt.dump_service.jobs.get(dump_id)
             if job is None:
@@ -604,6 +610,14 @@ class Endpoint:
             raise HttpError(400, "bad_dump_id", str(e)) from None
         except DumpNotFound as e:
             raise HttpError(404, "dump_not_found", str(e)) from None
+        if fmt == "pprof":
+            try:
+                pprof = build_pprof(flame_from_speedscope(json.loads(body)))
+            except (ValueError, UnicodeDecodeError) as e:  # an OOM record, a CUDA snapshot: no flame graph
+                raise HttpError(400, "bad_parameter", f"dump {dump_id} is not a flame graph, so it has no "
+                                                      f"pprof form ({e}); format=speedscope downloads it") from None
+            return Response(200, pprof, "application/octet-stream",
+                            {"Content-Disposition": f'attachment; filename="{dump_id}.pb.gz"'})
         return Response(200, body, JSON, {"Content-Disposition": f'attachment; filename="{dump_id}.json"'})
 
     def openapi(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:

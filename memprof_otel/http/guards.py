@@ -21,6 +21,7 @@ TIMELINE_MAX_BYTES = 2 << 20  # encoded items in one page of /v1/timeline, both 
 # longest ?wait= a dump request may block for: under the 60 s idle timeout of common proxies and
 # load balancers (nginx, AWS ALB), so a blocking call is answered (202 at worst) before they cut it
 DUMP_WAIT_MAX = 55.0
+DUMP_FORMATS = ("speedscope", "pprof")  # GET /v1/dumps/{id}?format=: the first is the default
 # POST /v1/heap body: (default, least, most). At most DUMP_WAIT_MAX seconds of tracing, for the same
 # reason: the answer comes back before a proxy's 60 s idle timeout cuts the request.
 HEAP_SECONDS = (10.0, 1.0, DUMP_WAIT_MAX)

@@ -10,7 +10,7 @@ from typing import Any
 from .._version import __version__
 from ..advice import RULE_IDS, SEVERITIES
 from ..advice.items import UNITS
-from .guards import (DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT)
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -297,13 +297,20 @@ def openapi_document() -> dict[str, Any]:
     dump_get = _op("a dump request's status (id job-...), or download a stored dump (speedscope JSON, or the "
                    "oom / cuda_snapshot JSON)", {
                        "200": "a request that finished (complete or failed), or the stored dump's file",
-                       "202": "a request still pending", "400": "malformed id or bad wait",
+                       "202": "a request still pending",
+                       "400": "malformed id, bad wait or format, or format=pprof of a dump that is no flame graph",
                        "404": "no such request or dump", **auth},
                    [{"name": "id", "in": "path", "required": True,
                      "schema": {"type": "string", "maxLength": 80},
-                     "description": "a request id (job-...) or a dump id"}, wait])
-    dump_get["responses"]["200"]["content"] = {"application/json": {"schema": {"anyOf": [
-        _ref("DumpJob"), {"type": "object", "description": "the stored dump file"}]}}}
+                     "description": "a request id (job-...) or a dump id"}, wait,
+                    _q("format", {"type": "string", "enum": list(DUMP_FORMATS), "default": DUMP_FORMATS[0]},
+                       "a flame graph (speedscope or heap dump) as stored (speedscope JSON) or as a gzipped "
+                       "pprof Profile (pprof, application/octet-stream, filename <id>.pb.gz)")])
+    dump_get["responses"]["200"]["content"] = {
+        "application/json": {"schema": {"anyOf": [
+            _ref("DumpJob"), {"type": "object", "description": "the stored dump file"}]}},
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary",
+                                                "description": "format=pprof: a gzipped pprof Profile"}}}
     dump_get["responses"]["202"]["content"] = {"application/json": {"schema": _ref("DumpJob")}}
     return {
         "openapi": "3.1.0",
