@@ -10,6 +10,12 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 || {
     $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
 fi
+# Go's pprof (`go tool pprof`) reads the pprof dumps in the tests, an independent reader (never skipped)
+if ! command -v go >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  $SUDO apt-get install -y -q golang-go >/dev/null 2>&1 || {
+    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q golang-go >/dev/null; }
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first and pinned (the version the suite is tested with): an open-ended torch lets pip pick
 # the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the CPU-only wheels:
