@@ -379,6 +379,8 @@ class HttpConfig:
     port: int = _f(9464, _int(0, 65535), "port (0 picks a free one)")
     port_count: int = _f(1, _int(1, 1024), "ports tried from http.port on: the endpoint takes the first "
                          "free one (a port per worker without a worker index)")
+    port_per_rank: bool = _f(True, _bool, "in a rank of a distributed job (RANK set, as torchrun does) the "
+                             "endpoint serves on http.port + LOCAL_RANK (a port given to serve() is used as given)")
     token: str | None = _f(None, _str(optional=True), "bearer token for all routes but /metrics and /healthz")
     max_body_bytes: int = _f(1 << 20, _size, "largest request body accepted")
     allowed_hosts: tuple[str, ...] = _f((), _hosts, "Host names answered besides loopback names and the "

@@ -9,7 +9,7 @@ evaluates every query and every variable query against a real Prometheus scrapin
   grafana/cgroup_limit_panels.txt (memprof_process_memory_limit_bytes: no data without a cgroup
   memory limit);
 - every selector carries the configured extra matchers and the chained label variables
-  (cluster, namespace, job, pod, instance, and model / device / operation where they apply);
+  (cluster, namespace, job, pod, rank, instance, and model / device / operation where they apply);
 - template variables are used only in `=~` matchers (multi-value and "All" render as regexes,
   and "All" is `.*`, which also matches a series without the label);
 - only metric names from docs/reference.md's "Prometheus metrics".
@@ -40,8 +40,11 @@ class Matchers:
     def chain(self) -> list[tuple[str, str, str]]:
         """(variable, label, display name) of the target variables, outermost first."""
         d = self.cfg["dashboards"]
+        # rank: the ranks of a distributed job (torchrun) carry a rank label; a plain process has
+        # none, and the variable's "All" (.*) matches a series without the label too
         return [("cluster", d["cluster_label"], "Cluster"), ("namespace", d["namespace_label"], "Namespace"),
-                ("job", "job", "Job"), ("pod", d["pod_label"], "Pod"), ("instance", "instance", "Instance")]
+                ("job", "job", "Job"), ("pod", d["pod_label"], "Pod"), ("rank", "rank", "Rank"),
+                ("instance", "instance", "Instance")]
 
     def upto(self, variable: str | None = None) -> str:
         """The extra matchers and the target variables before ``variable`` (all of them: None)."""

@@ -10,7 +10,7 @@ value formatting (``floatToGoString``), sorted labels and escaping — which the
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.utils import floatToGoString
 
@@ -39,18 +39,30 @@ def _head(name: str, kind: str, openmetrics: bool) -> str:
     return f"# HELP {name} {_help(d.help)}\n# TYPE {name} {kind}\n{unit}"
 
 
-def render_layer_families(views: Iterable[LayerView], openmetrics: bool = False) -> str:
+def _around(labels: Mapping[str, str]) -> tuple[str, str]:
+    """The constant labels as text before ``device`` and after ``model`` (prometheus_client sorts
+    the labels of a sample by name; the layer labels are device < layer < model)."""
+    before = "".join(f'{k}="{_esc(v)}",' for k, v in sorted(labels.items()) if k < "device")
+    after = "".join(f',{k}="{_esc(v)}"' for k, v in sorted(labels.items()) if k > "model")
+    if any("device" <= k <= "model" for k in labels):
+        raise ValueError(f"constant labels must sort before 'device' or after 'model': {sorted(labels)}")
+    return before, after
+
+
+def render_layer_families(views: Iterable[LayerView], openmetrics: bool = False,
+                          labels: Mapping[str, str] | None = None) -> str:
     """The four per-layer gauges and the forward-time summary as exposition text (with the
-    ``# UNIT`` lines when ``openmetrics``)."""
+    ``# UNIT`` lines when ``openmetrics``), each sample with the constant ``labels`` too."""
     # one pass per family over the views, strings only: no per-sample container survives the call
     g = floatToGoString
     views = list(views)
+    before, after = _around(labels or {})
     out: list[str] = []
     for i, (name, _) in enumerate(LAYER_GAUGES):
         out.append(_head(name, "gauge", openmetrics))
         for v in views:
-            head = f'{name}{{device="{_esc(v.device)}",layer="'
-            tail = f'",model="{_esc(v.model)}"}} '
+            head = f'{name}{{{before}device="{_esc(v.device)}",layer="'
+            tail = f'",model="{_esc(v.model)}"{after}}} '
             for path in sorted(v.peaks):
                 value = v.peaks[path][i]
                 if value is not None:  # fragmentation is absent where it is not measured
@@ -58,8 +70,8 @@ def render_layer_families(views: Iterable[LayerView], openmetrics: bool = False)
     name = LAYER_SUMMARY
     out.append(_head(name, "summary", openmetrics))
     for v in views:
-        lab_head = f'{{device="{_esc(v.device)}",layer="'
-        tail = f'",model="{_esc(v.model)}"}} '
+        lab_head = f'{{{before}device="{_esc(v.device)}",layer="'
+        tail = f'",model="{_esc(v.model)}"{after}}} '
         for path in sorted(v.forward):
             seconds, calls = v.forward[path]
             lab = f"{lab_head}{_esc(path)}{tail}"

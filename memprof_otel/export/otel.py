@@ -4,7 +4,9 @@ Providers, in order: the ones the application injects; else our own SDK provider
 OTLP when an endpoint is configured (``otel.endpoint`` or the standard ``OTEL_EXPORTER_OTLP_*``
 variables; see ``otel_pipeline``); else the global API providers (a no-op unless the application
 set an SDK). Configuration precedence: explicit memprof config > ``OTEL_*`` environment > our
-defaults (``otel_settings``).
+defaults (``otel_settings``). In a rank of a distributed job every data point carries the
+``rank`` attribute, as the Prometheus series carry the label, and the resource (of our own pipeline)
+the ``torch.distributed.*`` attributes (``telemetry/ranks.py``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from .._version import __version__
 from ..config import OtelConfig
 from ..errors import ConfigError
 from ..metric_names import DURATION_BUCKETS, LAYER_DURATION_BUCKETS, MEMORY_PEAK_BUCKETS, METRICS, MetricDef
+from ..telemetry.ranks import process_labels
 from ..timeline import OperationRecord
 from . import process_semconv as semconv
 from .export_failures import ExportFailureLog
@@ -59,6 +62,8 @@ class OtelExporter:
         self.cfg = cfg
         self.instance_id = instance_id()
         self._series = series
+        # the process's constant attributes (rank), on every data point
+        self.constant: dict[str, str] = process_labels(os.environ if environ is None else environ)
         self._owned: list[Any] = []
         self.endpoint: str | None = None
         settings = resolve(cfg, service_name, os.environ if environ is None else environ)
@@ -113,7 +118,8 @@ class OtelExporter:
                                                 description=help_))
         for (name, kind, unit, help_), read in ((semconv.CPU_TIME, self._process.cpu_time),
                                                 (semconv.DISK_IO, self._process.disk_io)):
-            self._instruments.append(make[kind](name, callbacks=[_observe(read)], unit=unit, description=help_))
+            self._instruments.append(make[kind](name, callbacks=[_observe(read, self.constant)], unit=unit,
+                                                description=help_))
         by = {d.prom: d for d in METRICS}
         self.op_duration = self._histogram(by["memprof_operation_duration_seconds"], DURATION_BUCKETS)
         self.op_peak = self._histogram(by["memprof_operation_memory_peak_bytes"], MEMORY_PEAK_BUCKETS)
@@ -132,7 +138,7 @@ class OtelExporter:
         def rows() -> Rows:
             live = list(self._series().get(prom, ()))
             return live + self._take_retired(prom, live) if retires else live
-        return _observe(rows)
+        return _observe(rows, self.constant)
 
     def retire(self, series: Mapping[str, Rows]) -> None:
         """An uninstrumented model's last per-model figures (``series``: Prometheus name ->
@@ -165,7 +171,7 @@ class OtelExporter:
                 if tuple(sorted(lab.items())) not in seen]
 
     def record_operation(self, rec: OperationRecord, label: str) -> None:
-        attrs = {"operation": label}
+        attrs = {**self.constant, "operation": label}
         self.op_duration.record(rec.duration, attrs)
         self.op_peak.record(rec.peak_bytes, attrs)
         self.op_peak_increase.record(rec.peak_increase_bytes, attrs)
@@ -175,7 +181,7 @@ class OtelExporter:
         if hist is None:  # otel.layer_histogram: false
             return
         for c in calls:
-            hist.record(c.duration_s, {"model": model, "layer": c.path, "device": device})
+            hist.record(c.duration_s, {**self.constant, "model": model, "layer": c.path, "device": device})
 
     # ---- spans (the SpanHooks protocol of operations.py) ------------------------------------
     def start(self, rec: OperationRecord) -> Any:
@@ -245,10 +251,11 @@ def _attr(v: Any) -> Any:
     return str(v)
 
 
-def _observe(read: Callable[[], Rows]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _observe(read: Callable[[], Rows], constant: Mapping[str, str]) -> Callable[[CallbackOptions],
+                                                                              Iterable[Observation]]:
     def cb(options: CallbackOptions) -> Iterable[Observation]:
         try:
-            return [Observation(v, dict(lab)) for lab, v in read()]
+            return [Observation(v, {**constant, **lab}) for lab, v in read()]
         except Exception as e:  # a callback must never break the reader
             rate_limited.warning("otel-callback", "memprof_otel: OTel callback failed: %r", e)
             return []

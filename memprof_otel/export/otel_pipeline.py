@@ -17,6 +17,7 @@ from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import NoOpTracerProvider
 
 from .._version import __version__
+from ..telemetry.ranks import ranks_from
 from .export_failures import ExportFailureLog, install_sdk_log_filter, quiet_sdk_logs
 from .otel_settings import OtelSettings, resource_attributes
 
@@ -154,14 +155,15 @@ def _otlp_exporters(s: OtelSettings) -> tuple[Any, Any, str, str]:
 
 def build_resource(explicit_service_name: str | None, instance: str) -> Any:
     """The resource: the SDK's (its defaults and detectors) < ours (``service.name=memprof-otel``,
-    a worker-unique ``service.instance.id``, ``service.version``) < what the environment says
+    a worker-unique ``service.instance.id``, ``service.version``, a rank's ``torch.distributed.*``) < what the environment says
     (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``, read by the SDK's own detector) < an
     explicit ``service_name``."""
     # why: the SDK loads only for a pipeline of our own
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
     from_env = OTELResourceDetector().detect().attributes
-    ours = Resource(resource_attributes(explicit_service_name, instance, __version__, from_env))
+    ours = Resource(resource_attributes(explicit_service_name, instance, __version__, from_env,
+                                        ranks_from().resource_attributes()))
     return Resource.create().merge(ours)
 
 

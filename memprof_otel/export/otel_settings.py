@@ -67,11 +67,13 @@ def resolve(cfg: OtelConfig, service_name: str | None, environ: Mapping[str, str
 
 
 def resource_attributes(explicit_service_name: str | None, instance_id: str, version: str,
-                        from_environment: Mapping[str, object]) -> dict[str, object]:
-    """The resource: our defaults < what the environment set (``OTEL_RESOURCE_ATTRIBUTES``,
-    ``OTEL_SERVICE_NAME``, as the SDK's detectors read them) < an explicit ``service_name``."""
+                        from_environment: Mapping[str, object],
+                        ranks: Mapping[str, object] | None = None) -> dict[str, object]:
+    """The resource: our defaults (with a rank's ``torch.distributed.*`` attributes, ``ranks``) <
+    what the environment set (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``, as the SDK's
+    detectors read them) < an explicit ``service_name``."""
     attrs: dict[str, object] = {"service.name": DEFAULT_SERVICE_NAME, "service.instance.id": instance_id,
-                                "service.version": version}
+                                "service.version": version, **(ranks or {})}
     attrs.update(from_environment)
     if explicit_service_name:
         attrs["service.name"] = explicit_service_name

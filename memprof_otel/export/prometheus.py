@@ -1,11 +1,13 @@
 """The Prometheus collector: renders the runtime's latest snapshot at scrape time.
 
 A scrape builds families from the ``series()`` it is given (the last sampler tick plus in-memory
-stats) and never reads a device, triggers a CUDA sync or starts a capture. Registered in a registry of our own,
+stats) and never reads a device, triggers a CUDA sync or starts a capture. The process's constant
+labels (``rank`` in a rank of a distributed job: ``telemetry/ranks.py``) go on every sample. Registered in a registry of our own,
 never the global one, so importing us changes nothing in an application's own /metrics.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Iterator, Protocol
 
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
@@ -18,6 +20,7 @@ from prometheus_client.exposition import choose_encoder
 from .._log import rate_limited
 from ..metric_names import BY_PROM, METRICS, MetricDef
 from ..telemetry.operation_stats import OperationStats
+from ..telemetry.ranks import process_labels
 from ..telemetry.series import LayerView, Series, layer_forward_series
 from .layer_exposition import LAYER_FAMILIES, render_layer_families
 
@@ -37,11 +40,13 @@ class ScrapeSource(Protocol):
 
 class MemprofCollector(Collector):
     """``layers=False`` leaves out the per-layer families: the endpoint writes those itself
-    (``layer_exposition``), much faster; a collector registered elsewhere keeps them."""
+    (``layer_exposition``), much faster; a collector registered elsewhere keeps them. ``labels``:
+    constant labels on every sample (default: the process's, ``process_labels()``)."""
 
-    def __init__(self, rt: ScrapeSource, layers: bool = True) -> None:
+    def __init__(self, rt: ScrapeSource, layers: bool = True, labels: Mapping[str, str] | None = None) -> None:
         self._rt = rt
         self._layers = layers
+        self.labels: dict[str, str] = dict(process_labels() if labels is None else labels)
 
     def describe(self) -> list[Metric]:
         return []  # families vary with what runs; skip describe-time collection
@@ -60,60 +65,65 @@ class MemprofCollector(Collector):
         for d in METRICS:
             if not self._layers and d.prom in LAYER_FAMILIES:
                 continue
+            const = self.labels
             if d.kind == "summary":
-                fam = SummaryMetricFamily(d.prom, d.help, labels=list(d.labels), unit=d.prom_unit)
+                fam = SummaryMetricFamily(d.prom, d.help, labels=[*const, *d.labels], unit=d.prom_unit)
                 for labels, seconds, calls in layer_forward_series(views):
-                    fam.add_metric([labels[k] for k in d.labels], count_value=calls, sum_value=seconds)
+                    fam.add_metric([*const.values(), *(labels[k] for k in d.labels)], count_value=calls,
+                                   sum_value=seconds)
                 yield fam
             elif d.kind == "histogram":
-                yield self._histogram(d, ops)
+                yield self._histogram(d, ops, const)
             else:
-                yield _family(d, series.get(d.prom, ()))
+                yield _family(d, series.get(d.prom, ()), const)
 
     @staticmethod
-    def _histogram(d: MetricDef, ops: dict[str, Any]) -> Metric:
-        fam = HistogramMetricFamily(d.prom, d.help, labels=list(d.labels), unit=d.prom_unit)
+    def _histogram(d: MetricDef, ops: dict[str, Any], const: Mapping[str, str]) -> Metric:
+        fam = HistogramMetricFamily(d.prom, d.help, labels=[*const, *d.labels], unit=d.prom_unit)
         for name, f in sorted(ops.items()):
             h = {"memprof_operation_duration_seconds": f.duration,
                  "memprof_operation_memory_peak_increase_bytes": f.peak_increase}.get(d.prom, f.peak)
             buckets = [(le, count, Exemplar({"trace_id": ex[0]}, ex[1], ex[2]) if ex else None)
                        for le, count, ex in h.cumulative()]
-            fam.add_metric([name], buckets, sum_value=h.sum)
+            fam.add_metric([*const.values(), name], buckets, sum_value=h.sum)
         return fam
 
 
-def _family(d: MetricDef, rows: Any) -> Metric:
+def _family(d: MetricDef, rows: Any, const: Mapping[str, str]) -> Metric:
     labels = list(d.labels)
     if d.kind == "counter":
-        fam: Any = CounterMetricFamily(d.prom, d.help, labels=labels, unit=d.prom_unit)
+        fam: Any = CounterMetricFamily(d.prom, d.help, labels=[*const, *labels], unit=d.prom_unit)
     elif d.kind == "info":
         fam = InfoMetricFamily(d.family, d.help, labels=[])
         for lab, _ in rows:
-            fam.add_metric([], {k: str(lab.get(k, "")) for k in d.labels})
+            fam.add_metric([], {**const, **{k: str(lab.get(k, "")) for k in d.labels}})
         return fam
     else:
-        fam = GaugeMetricFamily(d.prom, d.help, labels=labels, unit=d.prom_unit)
+        fam = GaugeMetricFamily(d.prom, d.help, labels=[*const, *labels], unit=d.prom_unit)
     for lab, value in rows:
-        fam.add_metric([str(lab.get(k, "")) for k in labels], value)
+        fam.add_metric([*const.values(), *(str(lab.get(k, "")) for k in labels)], value)
     return fam
 
 
-def make_registry(rt: ScrapeSource, layers: bool = True) -> CollectorRegistry:
+def make_registry(rt: ScrapeSource, layers: bool = True, labels: Mapping[str, str] | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(MemprofCollector(rt, layers))
+    reg.register(MemprofCollector(rt, layers, labels))
     return reg
 
 
-def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str = "",
+                      labels: Mapping[str, str] | None = None) -> tuple[bytes, str]:
     """(body, content type) for ``accept``: ``registry`` (made with ``layers=False``) through
-    prometheus_client's encoder, plus the per-layer families through the fast writer. OpenMetrics
+    prometheus_client's encoder, plus the per-layer families through the fast writer, with the
+    constant ``labels`` (default: the process's, as the registry's collector has them). OpenMetrics
     carries ``# UNIT`` lines for every family whose name ends in its unit.
     (``prometheus.enabled: false`` is the endpoint's to answer: it never calls this then.)"""
     encoder, content_type = choose_encoder(accept)
     body = encoder(registry)
     try:
         openmetrics = content_type.startswith("application/openmetrics-text")
-        layers = render_layer_families(rt.exported_layer_views(), openmetrics).encode()
+        const = process_labels() if labels is None else labels
+        layers = render_layer_families(rt.exported_layer_views(), openmetrics, const).encode()
     except Exception as e:  # a scrape never fails because of us: serve the rest
         rt.count_export_error("prometheus")
         rate_limited.warning("scrape-layers", "memprof_otel: rendering layer families failed: %r", e)

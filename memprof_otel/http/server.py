@@ -26,9 +26,10 @@ from typing import Any, Callable, Iterable
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer, make_server
 
 from ..errors import ConfigError, ServeError
+from ..telemetry.ranks import ranks_from
 from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
 from .connection_errors import connection_failed
-from .workers import warn_if_round_robin
+from .workers import rank_port, warn_if_round_robin
 
 SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
 # environ key: the socket error that cut a request body short. The request is still answered (400);
@@ -397,13 +398,18 @@ def serve(rt: EndpointServices, host: str | None = None, port: int | None = None
           token: str | None = None) -> Server:
     """Start the endpoint on its own threads; defaults from config ``http`` (127.0.0.1:9464).
     With ``http.port_count`` > 1 it takes the first free port from ``port`` on; with
-    ``workers.snapshot_dir`` set every worker binds the same port (SO_REUSEPORT)."""
+    ``workers.snapshot_dir`` set every worker binds the same port (SO_REUSEPORT). In a rank of a
+    distributed job (``RANK`` set) the configured port is ``http.port + LOCAL_RANK`` unless
+    ``http.port_per_rank`` is false; a ``port`` passed here is used as given."""
     cfg = rt.ensure_started().config
     assert cfg is not None
+    shared = cfg.workers.snapshot_dir is not None
+    if port is None and cfg.http.port_per_rank:  # a rank of torchrun: http.port + LOCAL_RANK
+        port = rank_port(cfg.http.port, ranks_from().port_offset(), shared)
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError("http.port", f"must be an integer in 0..65535, got {port!r}")
     if host is not None and (not isinstance(host, str) or not host):
         raise ConfigError("http.host", f"must be a non-empty address, got {host!r}")
     return Server(rt, cfg.http.host if host is None else host, cfg.http.port if port is None else port,
                   cfg.http.token if token is None else token, port_count=cfg.http.port_count,
-                  shared=cfg.workers.snapshot_dir is not None)
+                  shared=shared)

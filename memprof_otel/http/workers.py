@@ -6,6 +6,9 @@ line (``-w N``, ``--workers N``) and the parent's other children running the sam
 gunicorn workers share the master's command line; uvicorn's spawned workers all carry
 ``--multiprocessing-fork``). A miss costs a missing warning, never a wrong figure.
 
+``rank_port``: the ranks of a distributed job (``torchrun``) know their index on the host
+(``LOCAL_RANK``), so each takes its own port, ``http.port + LOCAL_RANK``, without trying ports.
+
 Used when the endpoint is mounted in the application's server (``wsgi_app()``/``asgi_app()``): each
 worker answers a share of the scrapes with only its own series, so without the single-port mode
 (``workers.snapshot_dir``) the scraped series jump between workers from scrape to scrape.
@@ -25,6 +28,15 @@ _SERVERS = ("gunicorn", "uvicorn", "hypercorn")
 _WORKERS_FLAG = re.compile(r"(?:--workers=|-w)(\d+)")
 _SPAWNED = "--multiprocessing-fork"  # multiprocessing's spawn children (uvicorn --workers)
 _warned = False
+
+
+def rank_port(port: int, local_rank: int, shared: bool = False) -> int:
+    """The port a process with index ``local_rank`` among its host's ranks serves on: ``port +
+    local_rank``. Port 0 (a free one, whichever) and a shared port (single-port mode: every process
+    binds the same one) stay as they are."""
+    if port == 0 or shared or local_rank <= 0:
+        return port
+    return port + local_rank
 
 
 def _is_server(argv: Sequence[str]) -> bool:

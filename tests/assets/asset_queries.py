@@ -34,7 +34,7 @@ DASHBOARDS_CONFIGMAP = DEPLOY / "kubernetes" / "dashboards-configmap.yaml"
 # How a test renders Grafana's variables: every label variable matches anything, as "All" does
 # (the dashboards use them only in =~ matchers), interval variables become fixed durations.
 VARIABLE_VALUES = {
-    "cluster": ".*", "namespace": ".*", "job": ".*", "pod": ".*",
+    "cluster": ".*", "namespace": ".*", "job": ".*", "pod": ".*", "rank": ".*",
     "instance": ".*", "model": ".*", "device": ".*", "operation": ".*",
     "__rate_interval": "1m", "__interval": "1m", "__range": "1h",
     "__rate_interval_ms": "60000", "__interval_ms": "60000", "__range_s": "3600", "__range_ms": "3600000",

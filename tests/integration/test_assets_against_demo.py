@@ -54,7 +54,8 @@ NEEDS_MEMORY_CGROUP = {"memprof_container_memory_usage_bytes", "memprof_containe
 # only where the cgroup sets a CPU quota (its panel draws the process's CPU time as well)
 NEEDS_CPU_QUOTA = {"memprof_container_cpu_limit_cores"}
 JOB = "memprof"                       # the job name tests/integration/prom_server.py scrapes under
-ABSENT_LABELS = {"cluster", "namespace", "pod"}   # a plain, non-Kubernetes Prometheus has none
+ABSENT_LABELS = {"cluster", "namespace", "pod",   # a plain, non-Kubernetes Prometheus has none
+                 "rank"}                          # the demo is no rank of a distributed job
 _LABEL_VALUES = re.compile(r"^label_values\((.*), (\w+)\)$", re.DOTALL)
 
 
