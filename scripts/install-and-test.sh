@@ -39,6 +39,14 @@ export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
 [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
 .venv-jax/bin/python -m pip install -q --disable-pip-version-check "${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5" -e .
 export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+# Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
+# dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
+# RAY_SPEC overrides the pin.
+[ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
+.venv-ray/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
+  "${TORCH_SPEC:-torch==2.13.0}"
+.venv-ray/bin/python -m pip install -q --disable-pip-version-check "${RAY_SPEC:-ray[serve]==2.60.0}" -e .
+export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
