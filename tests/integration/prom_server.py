@@ -108,14 +108,18 @@ class PromHandle:
 
 
 def write_config(path: Path, targets: Sequence[str], rule_files: Sequence[str | os.PathLike[str]] = (),
-                 scrape_interval: str = "1s") -> Path:
-    """A Prometheus config scraping ``targets`` (``host:port``) at ``/metrics`` (JSON is valid YAML)."""
+                 scrape_interval: str = "1s", file_sd: Sequence[str] = ()) -> Path:
+    """A Prometheus config scraping ``targets`` (``host:port``) at ``/metrics`` (JSON is valid YAML),
+    and the targets of the file_sd files that the ``file_sd`` globs match (re-read every second)."""
+    job: dict[str, Any] = {"job_name": "memprof", "metrics_path": "/metrics",
+                           "static_configs": [{"targets": list(targets)}]}
+    if file_sd:
+        job["file_sd_configs"] = [{"files": [str(f) for f in file_sd], "refresh_interval": "1s"}]
     cfg = {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval,
                    "scrape_timeout": scrape_interval},
         "rule_files": [str(Path(p).resolve()) for p in rule_files],
-        "scrape_configs": [{"job_name": "memprof", "metrics_path": "/metrics",
-                            "static_configs": [{"targets": list(targets)}]}],
+        "scrape_configs": [job],
     }
     path.write_text(json.dumps(cfg, indent=2))
     return path
@@ -124,13 +128,14 @@ def write_config(path: Path, targets: Sequence[str], rule_files: Sequence[str | 
 @contextmanager
 def running_prometheus(targets: list[str], tmp_path: Path, rule_files: Sequence[str | os.PathLike[str]] = (),
                        *, scrape_interval: str = "1s", ready_timeout: float = 30.0,
-                       extra_flags: Sequence[str] = ()) -> Iterator[PromHandle]:
-    """A Prometheus scraping ``targets`` every ``scrape_interval``; killed when the block ends.
+                       extra_flags: Sequence[str] = (), file_sd: Sequence[str] = ()) -> Iterator[PromHandle]:
+    """A Prometheus scraping ``targets`` every ``scrape_interval``, and those that the file_sd files
+    matching the ``file_sd`` globs name; killed when the block ends.
     ``extra_flags`` go to its command line (e.g. ``--enable-feature=exemplar-storage``)."""
     binary = prometheus_binary()
     home = tmp_path / f"prometheus-{time.monotonic_ns()}"
     (home / "data").mkdir(parents=True)
-    config = write_config(home / "prometheus.yml", targets, rule_files, scrape_interval)
+    config = write_config(home / "prometheus.yml", targets, rule_files, scrape_interval, file_sd)
     log_path = home / "prometheus.log"
     for attempt in range(3):  # the free port may be taken between our probe and its bind
         port = free_port()

@@ -292,16 +292,22 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     jax_bindir.mkdir(parents=True)
     (jax_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {jax_log}\n')
     (jax_bindir / "python").chmod(0o755)
-    # and the LitServe venv's, the same way
+    # and the LitServe and Ray Serve venvs', the same way
     lit_log = tmp_path / "litserve_calls.log"
     lit_bindir = tmp_path / ".venv-litserve" / "bin"
     lit_bindir.mkdir(parents=True)
     (lit_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {lit_log}\n')
     (lit_bindir / "python").chmod(0o755)
+    ray_log = tmp_path / "ray_calls.log"
+    ray_bindir = tmp_path / ".venv-ray" / "bin"
+    ray_bindir.mkdir(parents=True)
+    (ray_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {ray_log}\n')
+    (ray_bindir / "python").chmod(0o755)
     (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
                                    f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n'
                                    f'[ "$2" != pytest ] || echo "JAX=$MEMPROF_TEST_JAX_PYTHON" >> {jax_log}\n'
-                                   f'[ "$2" != pytest ] || echo "LIT=$MEMPROF_TEST_LITSERVE_PYTHON" >> {lit_log}\n')
+                                   f'[ "$2" != pytest ] || echo "LIT=$MEMPROF_TEST_LITSERVE_PYTHON" >> {lit_log}\n'
+                                   f'[ "$2" != pytest ] || echo "RAY=$MEMPROF_TEST_RAY_PYTHON" >> {ray_log}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -309,7 +315,7 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
         (tools / name).write_text("#!/bin/sh\nexit 0\n")
     for f in [bindir / "python", bindir / "lint-imports", tools / "promtool", tools / "prometheus"]:
         f.chmod(0o755)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC", "RAY_SPEC")}
     full_env.update({"PATH": f"{tools}:{os.environ['PATH']}", **env})
     r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
                        env=full_env)
@@ -327,6 +333,10 @@ def _jax_venv_calls(tmp_path: Path) -> list[str]:
 
 def _litserve_venv_calls(tmp_path: Path) -> list[str]:
     return (tmp_path / "litserve_calls.log").read_text().splitlines()
+
+
+def _ray_venv_calls(tmp_path: Path) -> list[str]:
+    return (tmp_path / "ray_calls.log").read_text().splitlines()
 
 
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
@@ -370,6 +380,34 @@ def test_install_script_takes_another_jax_pin(tmp_path: Path):
     _run_install_script(tmp_path, {"JAX_SPEC": "jax[cpu]==0.10.3"})
     install = _jax_venv_calls(tmp_path)[0]
     assert "jax[cpu]==0.10.3" in install and "0.10.2" not in install
+
+
+def test_install_script_puts_ray_serve_in_its_own_venv_with_the_pinned_torch_and_names_it_to_the_tests(
+        tmp_path: Path):
+    calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
+    # ray never goes into .venv nor into the other framework venvs (the pip arguments, not the paths)
+    others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
+    assert not any(a.startswith("ray") for c in others for a in c.split())
+    torch_install, install, tests_env = _ray_venv_calls(tmp_path)
+    # torch first and pinned, from the torch index; then ray[serve] pinned and memprof-otel from this tree
+    assert torch_install.startswith("-m pip install") and torch_install.endswith("torch==2.13.0")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_install
+    assert "ray[serve]==2.60.0" in install and install.endswith(" -e .") and "--index-url" not in install
+    assert tests_env == f"RAY={tmp_path / '.venv-ray' / 'bin' / 'python'}"
+
+
+def test_install_script_takes_another_ray_pin(tmp_path: Path):
+    _run_install_script(tmp_path, {"RAY_SPEC": "ray[serve]==2.61.0"})
+    install = _ray_venv_calls(tmp_path)[1]
+    assert "ray[serve]==2.61.0" in install and "2.60.0" not in install
+
+
+def test_ray_is_no_dependency_and_has_no_extra():
+    # Ray Serve is for the example and its test only (their own venv, .venv-ray)
+    assert not any(r.name == "ray" for r in _requirements())
+    assert "ray" not in _project()["optional-dependencies"]
+    assert not any(Requirement(dep).name == "ray" for deps in _project()["optional-dependencies"].values()
+                   for dep in deps)
 
 
 def test_jax_is_no_runtime_dependency_and_has_no_extra():
