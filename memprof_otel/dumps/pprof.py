@@ -57,7 +57,7 @@ MESSAGES: dict[str, list[tuple[str, int, str, bool]]] = {
 
 def file_descriptor() -> Any:
     """``profile.proto`` as a ``FileDescriptorProto`` (proto3, package ``perftools.profiles``)."""
-    from google.protobuf import descriptor_pb2
+    from google.protobuf import descriptor_pb2  # why: protobuf loads only when a pprof file is written
 
     fd = descriptor_pb2.FileDescriptorProto(name="memprof_otel/pprof/profile.proto", package=PACKAGE,
                                             syntax="proto3")
@@ -87,7 +87,7 @@ def _json_name(name: str) -> str:
 @cache
 def message_classes() -> dict[str, Any]:
     """The message classes of ``profile.proto``, by message name (built once, in a private pool)."""
-    from google.protobuf import descriptor_pool, message_factory
+    from google.protobuf import descriptor_pool, message_factory  # why: as above, only for pprof files
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file_descriptor())
