@@ -23,7 +23,7 @@ import pytest
 from tests.integration.demo_process import REPO, free_port_block, free_ports
 from tests.integration.prom_server import running_prometheus
 
-CHILD = "tests/integration/torchrun_child.py"
+CHILD = "examples/torchrun_ranks.py"
 PEAK = "memprof_layer_peak_increase_bytes"
 READY = re.compile(r"READY rank=(\S+) local_rank=(\S+) port=(\d+) url=(\S+)")
 LAYERS = {"", "0", "1", "2"}  # the child's nn.Sequential: the root and its three modules
@@ -86,7 +86,7 @@ def _env(port: int, stop: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
            and not k.startswith("MEMPROF_OTEL_")}
-    env.update({"PYTHONPATH": str(REPO), "MEMPROF_OTEL_HTTP_PORT": str(port), "MEMPROF_TEST_STOP_FILE": str(stop),
+    env.update({"PYTHONPATH": str(REPO), "MEMPROF_OTEL_HTTP_PORT": str(port),
                 "MEMPROF_OTEL_SAMPLER_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"})
     return env
 
@@ -97,9 +97,10 @@ def test_each_torchrun_rank_serves_its_own_series_told_apart_by_rank(tmp_path: P
     plain_port = next(p for p in free_ports(4) if p not in (base, base + 1))
     stop = tmp_path / "stop"
     ranks_log, plain_log = tmp_path / "torchrun.log", tmp_path / "plain.log"
-    torchrun = [*_torchrun(), "--standalone", "--nproc_per_node=2", CHILD]
+    torchrun = [*_torchrun(), "--standalone", "--nproc_per_node=2", CHILD, "--stop-file", str(stop)]
     with _started(torchrun, _env(base, stop), stop, ranks_log) as (ranks_proc, rank_lines), \
-            _started([sys.executable, CHILD], _env(plain_port, stop), stop, plain_log) as (_, plain_lines):
+            _started([sys.executable, CHILD, "--stop-file", str(stop)], _env(plain_port, stop), stop,
+                     plain_log) as (_, plain_lines):
         ready = _ready(rank_lines, 2, ranks_log)
         plain = _ready(plain_lines, 1, plain_log)
         # each rank on the configured port plus its LOCAL_RANK: no collision, no port tried twice
