@@ -47,7 +47,7 @@ from .sources import registry
 from .sources.cuda import available_devices
 from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
-from .telemetry.operations import OperationTracker
+from .telemetry.operations import OperationTracker, current_operation
 from .telemetry.sampler import Sampler, SourceSpec, check_gpus
 from .telemetry.layer_budget import (KUBERNETES_ENV, Keep, exports_every_layer, host_share, restrict_series,
                                      restrict_view, top_layers)
@@ -99,6 +99,12 @@ def _layer_view(h: ModelHandle) -> LayerView:
                      events_dropped=h.events_dropped, surviving=h.surviving(),
                      unattributed=dict(h.unattributed),
                      capacity=h.capacity.figures(h.last_device) if h.capacity is not None else None)
+
+
+def _operation_name() -> str | None:
+    """The innermost operation the calling context runs in (a captured forward's), if any."""
+    rec = current_operation()
+    return rec.name if rec is not None else None
 
 
 def _surviving_bytes() -> dict[tuple[str, str, str], int]:
@@ -386,6 +392,7 @@ class Runtime:
         and hand the handle what the layers above it want of its forwards."""
         self.ensure_started(h.config)
         h.process_history = self._history
+        h.current_operation = _operation_name
         h.add_observer(self.oom_recorder)
         h.add_observer(self.otel_observer)
 

@@ -34,6 +34,7 @@ class ModelHandle(Protocol):
     unattributed: dict[str, int]       # attributed forwards whose figures were dropped, by reason
     events_dropped: int
     process_history: ProcessHistory    # set by the composition root, for export_timeline()
+    current_operation: Callable[[], str | None]  # set by the composition root: a capture's label
 
     @property
     def model(self) -> Any: ...

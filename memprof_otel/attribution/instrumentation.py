@@ -46,6 +46,10 @@ def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
     return [], []
 
 
+def _no_operation() -> str | None:
+    return None
+
+
 class Instrumentation:
     """The handle ``instrument()`` returns (a ``ModelHandle``). ``uninstrument()`` is idempotent;
     the handle is also a context manager that uninstruments on exit."""
@@ -84,6 +88,9 @@ class Instrumentation:
         self._observers: list[ForwardObserver] = []
         # the process's samples and operations, for export_timeline (set by the composition root)
         self.process_history: ProcessHistory = _no_history
+        # the name of the operation the calling context runs in (set by the composition root, which
+        # owns operations): what a capture labels its forwards with
+        self.current_operation: Callable[[], str | None] = _no_operation
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
         # the memory model: each measured forward's shape and root peak (docs/capacity.md)
@@ -276,6 +283,14 @@ class Instrumentation:
         if self.last_capture is None or self.last_capture.completed == 0:
             raise MemprofError("no completed capture yet: call capture(forwards=N) and run a forward")
         self.last_capture.save(path)
+
+    def _capture_operation(self) -> str | None:
+        """The operation a captured forward runs in; None when it cannot be told (never raises)."""
+        try:
+            return self.current_operation()
+        except Exception as e:
+            self._count_error("capture_operation", e)
+            return None
 
     def _captured_forward_ended(self, cap: Capture, end: float, root: LayerCall | None) -> None:
         """One forward of ``cap`` ended: count it in; once the capture has its forwards, free the

@@ -58,6 +58,8 @@ class Capture:
         self.failed: str | None = None  # why it ended before its forwards (uninstrumented, ...)
         self.history: Any = None                      # CUDA allocator-history recorder (CUDA only)
         self.cuda_snapshot: dict[str, Any] | None = None
+        # the operation each captured forward ran in (None: none): a label when they all agree
+        self.operations: set[str | None] = set()
         self.per_op = per_op
         self.device = device      # the model's device when the capture was armed, where known
         self.measure = "bytes allocated" if per_op else "peak increase of innermost layer calls"
@@ -113,6 +115,8 @@ class Capture:
         labels = [("model", self.model_name)]
         if self.device:
             labels.append(("device", self.device))
+        if len(self.operations) == 1 and None not in self.operations:
+            labels.append(("operation", next(iter(self.operations))))  # every forward ran in it
         span = (max(t for _, _, t in calls) - min(t for _, _, t in calls)) if calls else 0.0
         return Flame(types, stacks, values, labels=tuple(labels), time_nanos=int(self.created_unix * 1e9),
                      duration_nanos=int(span * 1e9), comments=(f"{self._title()}: {self.measure}",))
@@ -156,7 +160,9 @@ class Capture:
             self._busy = True
             return True
 
-    def forward_started(self, t: float) -> None:
+    def forward_started(self, t: float, operation: str | None = None) -> None:
+        """A claimed forward begins; ``operation``: the operation it runs in, if any."""
+        self.operations.add(operation)
         self._stack = [self.model_name]
         self._innermost = [True]
         self.calls.append(("O", self.model_name, t))

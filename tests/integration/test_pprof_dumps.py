@@ -119,8 +119,9 @@ def test_save_by_extension_writes_pprof_that_go_reads(tmp_path):
     h = mp.instrument(model, name="known", overhead_budget=0.0)  # only the capture attributes
     cap = h.capture(forwards=2)
     x = torch.randn(4, 8)
-    model(x)
-    model(x)
+    for _ in range(2):
+        with mp.operation("embed"):  # the request both captured forwards serve
+            model(x)
     assert cap.wait(5)
     pb, pp, js = tmp_path / "k.pb.gz", tmp_path / "k.pprof", tmp_path / "k.json"
     cap.save(pb)
@@ -132,6 +133,8 @@ def test_save_by_extension_writes_pprof_that_go_reads(tmp_path):
     parsed = raw(tmp_path, pb)
     assert totals(parsed) == [sum(doc["profiles"][0]["weights"]), 2 * len(KNOWN_STACKS)]
     assert {s: v[0] for s, v in parsed["samples"]} == {k: 2 * n for k, n in KNOWN_STACKS.items()}
+    # labelled with the operation the forwards ran in, as go's reader shows sample labels
+    assert "operation:[embed]" in parsed["text"] and "model:[known]" in parsed["text"]
     prof = parse_pprof(pb.read_bytes())
     assert prof.time_nanos == int(cap.created_unix * 1e9)
     assert prof.duration_nanos > 0

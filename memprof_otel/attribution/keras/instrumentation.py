@@ -199,7 +199,7 @@ class KerasInstrumentation(Instrumentation):
                 tls.state = tls.sink = state
                 if tls.capture is not None:
                     state.listener = tls.capture
-                    tls.capture.forward_started(t)
+                    tls.capture.forward_started(t, self._capture_operation())
             elif not path and self.capacity is not None and self.config.capacity.root_readings:
                 # a forward left plain, read at its root only, for the memory model: two reads
                 tls.state = self._new_state(counter, key, path, root_only=True)

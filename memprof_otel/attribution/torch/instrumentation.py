@@ -431,7 +431,7 @@ class TorchInstrumentation(Instrumentation):
             state.listener = cap
             if mode is not None:
                 mode.ledger.listener = cap.on_alloc
-            cap.forward_started(t)
+            cap.forward_started(t, self._capture_operation())
         self._activate(state)
         if mode is not None:
             mode.__enter__()

@@ -208,3 +208,25 @@ def test_a_nested_model_called_on_its_own_is_a_forward_rooted_at_its_path() -> N
         assert h.status()["forwards"] == 2 and h.layer_stats()["inner"].calls == 2
     finally:
         h.uninstrument()
+
+
+def test_a_capture_is_labelled_with_the_operation_its_forwards_ran_in() -> None:
+    counter = ScriptedCounter()
+    model = _model(counter)
+    h = attach_for(ScriptedBackend(counter))(model, name="op-label", every_n_forwards=1, overhead_budget=1.0)
+    current = {"op": "embed"}
+    h.current_operation = lambda: current["op"]  # what the composition root hands every handle
+    try:
+        cap = h.capture(forwards=2)
+        model(0)
+        model(0)
+        assert cap.wait(5)
+        assert ("operation", "embed") in cap.flame().labels  # both forwards ran in "embed"
+        cap2 = h.capture(forwards=2)
+        model(0)
+        current["op"] = None
+        model(0)  # one forward outside any operation: no single operation to name
+        assert cap2.wait(5)
+        assert [k for k, _ in cap2.flame().labels] == ["model", "device"]
+    finally:
+        h.uninstrument()
