@@ -4,7 +4,6 @@ a dump folder that cannot be written."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any

@@ -13,7 +13,6 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx

@@ -7,7 +7,6 @@ import asyncio
 import json
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path

@@ -2,7 +2,6 @@
 metrics, the resource, and the ``OTEL_EXPORTER_OTLP_ENDPOINT`` path."""
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest

@@ -8,9 +8,7 @@ import http.client
 import re
 import shutil
 import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.demo_process import REPO, free_port_block
-from tests.integration.otlp_receiver import OtlpReceiver, attrs, metrics_of, points_of
+from tests.integration.otlp_receiver import OtlpReceiver, attrs, points_of
 from tests.integration.prom_server import free_port, running_prometheus
 
 RAY_PYTHON = os.environ.get("MEMPROF_TEST_RAY_PYTHON")

@@ -2,7 +2,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from memprof_otel.reports.text import PeakInfo, find_peak, format_report, operation_at, signed_bytes
 from memprof_otel.timeline import OperationRecord, Sample
