@@ -99,14 +99,16 @@ class Capture:
     def _title(self) -> str:
         return f"{self.model_name} ({self.completed} forward{'s' if self.completed != 1 else ''})"
 
+    def _recorded(self) -> tuple[list[tuple[tuple[str, ...], int]], list[tuple[str, str, float]]]:
+        """A copy of the allocations and calls recorded (``MemprofError`` before a forward is in)."""
+        self._check_completed()
+        with self._lock:
+            return list(self.allocations), list(self.calls)
+
     def flame(self) -> Flame:
         """What was recorded as the plain data both files are built from: per stack, the bytes and
         the number of allocations (``per_op=False``: the peak increase alone, one sample type)."""
-        self._check_completed()
-        with self._lock:
-            allocations = list(self.allocations)
-            calls = list(self.calls)
-        return self._flame(allocations, calls)
+        return self._flame(*self._recorded())
 
     def _flame(self, allocations: list[tuple[tuple[str, ...], int]], calls: list[tuple[str, str, float]]) -> Flame:
         stacks, values = merge(allocations, count=self.per_op)
@@ -125,10 +127,7 @@ class Capture:
         """The captured forwards as a speedscope document; ``MemprofError`` before the first one
         completed (an empty profile would look like a model that allocates nothing). It carries
         what its pprof file needs beyond it under ``memprof_otel`` (see ``flame.py``)."""
-        self._check_completed()
-        with self._lock:
-            allocations = list(self.allocations)
-            raw_calls = list(self.calls)
+        allocations, raw_calls = self._recorded()
         flame = self._flame(allocations, raw_calls)
         doc = build_speedscope(self._title(), flame.weighted(), balanced_calls(raw_calls),
                                exporter=f"memprof-otel {__version__}", measure=self.measure)
