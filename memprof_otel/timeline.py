@@ -200,6 +200,10 @@ class Timeline:
             operations=sorted(operations, key=lambda o: (o.start, o.id)),
         )
 
+    def __len__(self) -> int:
+        """The number of samples (``len(mp.timeline())``, as for the other sequences a user holds)."""
+        return len(self.timestamps)
+
     def to_dict(self) -> dict[str, Any]:
         return {"timestamps": self.timestamps, "rss_bytes": self.rss_bytes, "cpu_ratio": self.cpu_ratio,
                 "io_read_bytes": self.io_read_bytes, "io_write_bytes": self.io_write_bytes,

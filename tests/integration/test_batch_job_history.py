@@ -38,6 +38,7 @@ def test_start_run_stop_then_report(tmp_path):
 
     tl = mp.timeline()
     assert len(tl.timestamps) >= before  # the stop lost nothing
+    assert len(tl) == len(tl.timestamps)  # len() counts samples, as a user would first try
     assert [o.name for o in tl.operations] == ["batch"]
     text = mp.report()
     assert "no samples yet" not in text and "Peak during:" in text
