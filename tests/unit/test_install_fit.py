@@ -270,11 +270,12 @@ def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
 
 # ---- the test command's install step -----------------------------------------------------------
 
-def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
+def _run_install_script(tmp_path: Path, env: dict[str, str], failing_venv: str | None = None) -> list[str]:
     """scripts/install-and-test.sh run as is, in a copy of the repo layout where each venv's
     ``bin/python`` records its arguments instead of installing (in a log of its own, and in
     ``order.log`` with the venv's name, in the order the calls came), and promtool/prometheus are
-    present. The main interpreter also records, when pytest starts, the environment the tests get."""
+    present. The main interpreter also records, when pytest starts, the environment the tests get.
+    ``failing_venv`` names a side venv whose pip fails (the script must then fail, saying which)."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "install-and-test.sh"
     script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
@@ -286,8 +287,9 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     for venv, (log_name, _, _) in side.items():
         bindir = tmp_path / venv / "bin"
         bindir.mkdir(parents=True)
+        fail = f'echo "pip: no such version ({venv})"; exit 1\n' if venv == failing_venv else ""
         (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / log_name}\n'
-                                       f'echo "{venv}: $*" >> {order}\n')
+                                       f'echo "{venv}: $*" >> {order}\n{fail}')
         (bindir / "python").chmod(0o755)
     log = tmp_path / "calls.log"
     bindir = tmp_path / ".venv" / "bin"
@@ -306,6 +308,11 @@ def _run_install_script(tmp_path: Path, env: dict[str, str]) -> list[str]:
     full_env.update({"PATH": f"{tools}:{os.environ['PATH']}", **env})
     r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
                        env=full_env)
+    if failing_venv is not None:
+        assert r.returncode == 1, r.stderr
+        assert f"building {failing_venv} failed" in r.stderr and f"no such version ({failing_venv})" in r.stderr
+        assert not any(" pytest" in c for c in log.read_text().splitlines())  # the tests never started
+        return log.read_text().splitlines()
     assert r.returncode == 0, r.stderr
     return log.read_text().splitlines()
 
@@ -346,6 +353,11 @@ def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
     assert torch_line.endswith("torch==2.13.0")
     assert "-e .[all]" in project_line and "--index-url" not in project_line
     assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
+
+
+@pytest.mark.parametrize("venv", [".venv-tf", ".venv-ray"])
+def test_install_script_stops_with_the_log_of_a_side_venv_that_failed_to_build(tmp_path: Path, venv: str):
+    _run_install_script(tmp_path, {}, failing_venv=venv)
 
 
 def test_install_script_without_an_index_uses_pips_own(tmp_path: Path):
