@@ -628,7 +628,8 @@ class Runtime:
 
     def exported_layers(self, model: str | None = None) -> Keep | None:
         """Model -> the layers it exports per-layer series for (every live model, or ``model``
-        alone); None when every layer is exported (``series.layers``).
+        alone): the root, the top layers and the leak suspects; None when every layer is exported
+        (``series.layers``).
 
         The choice reads every model's statistics (0.5 ms for a 151-layer model) and is asked for
         three times a scrape and at every attributed forward (the OTel recorder), while the all-time
@@ -643,8 +644,10 @@ class Runtime:
         if (cached is None or cached[1] is not c or cached[2].keys() != counts.keys()
                 or now - cached[0] >= _KEEP_MAX_AGE_S
                 or any(cached[2][n] == 0 < counts[n] for n in counts)):
+            suspects = self.leaks.suspected_layers() if self.leaks is not None else {}
             keep = None if self.exports_every_layer() else {
-                name: top_layers({p: s.peak_increase for p, s in h.layer_stats().items()}, c.top_layers)
+                name: top_layers({p: s.peak_increase for p, s in h.layer_stats().items()}, c.top_layers,
+                                 suspects.get(name, frozenset()))
                 for name, h in sorted(handles.items())}
             cached = self._keep_cache = (now, c, counts, keep)
         keep = cached[3]

@@ -43,10 +43,12 @@ def host_share(host: str) -> float:
     return int.from_bytes(digest[:8], "big") / float(1 << 64)
 
 
-def top_layers(peak_increase: Mapping[str, int], k: int) -> frozenset[str]:
-    """The root and the ``k`` other layers with the highest peak increase (ties: path order)."""
+def top_layers(peak_increase: Mapping[str, int], k: int,
+               suspects: frozenset[str] = frozenset()) -> frozenset[str]:
+    """The root, the ``k`` other layers with the highest peak increase (ties: path order) and every
+    layer in ``suspects`` (flagged as leaking: a leak is never hidden by rank)."""
     ranked = sorted((p for p in peak_increase if p), key=lambda p: (-peak_increase[p], p))
-    return frozenset(["", *ranked[:k]])
+    return frozenset(["", *ranked[:k], *suspects])
 
 
 def restrict_view(view: LayerView, keep: frozenset[str]) -> LayerView:
@@ -59,17 +61,10 @@ def restrict_view(view: LayerView, keep: frozenset[str]) -> LayerView:
 
 def restrict_series(series: Series, keep: Keep) -> Series:
     """``series`` without the per-layer rows (labelled ``model`` and ``layer``) of layers outside
-    ``keep``, except those of a layer flagged as a leak suspect: a leak is never hidden by rank.
-    Models absent from ``keep`` keep every row."""
-    suspects = {(lab.get("model"), lab.get("layer"))
-                for lab, v in series.get("memprof_layer_leak_suspected", ()) if v}
-    out: Series = {}
-    for name, rows in series.items():
-        kept = [(lab, v) for lab, v in rows
-                if "layer" not in lab or lab.get("model") not in keep
-                or lab["layer"] in keep[lab["model"]] or (lab["model"], lab["layer"]) in suspects]
-        out[name] = kept
-    return out
+    ``keep``. Models absent from ``keep`` keep every row."""
+    return {name: [(lab, v) for lab, v in rows
+                   if "layer" not in lab or lab.get("model") not in keep or lab["layer"] in keep[lab["model"]]]
+            for name, rows in series.items()}
 
 
 __all__ = ["ALL", "AUTO", "KUBERNETES_ENV", "TOP", "Keep", "exports_every_layer", "host_share",

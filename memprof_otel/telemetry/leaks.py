@@ -79,6 +79,14 @@ class LeakWatch:
         with self._lock:
             return self._detector.trends()  # type: ignore[return-value]
 
+    def suspected_layers(self) -> dict[str, frozenset[str]]:
+        """Model -> its layers flagged as leak suspects now (what the series budget always exports)."""
+        out: dict[str, set[str]] = {}
+        for k, tr in self.trends().items():
+            if k.source == LAYER and tr.suspected:
+                out.setdefault(k.model, set()).add(k.layer)
+        return {m: frozenset(layers) for m, layers in out.items()}
+
     def _current(self) -> tuple[list[WatchKey], dict[Any, Trend], Mapping[tuple[str, str, str], int]]:
         """Keys watched, their trends, and the surviving bytes now. Layers follow the surviving
         bytes now, not at the last tick: an uninstrumented model's series leave at once, a new

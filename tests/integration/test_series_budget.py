@@ -11,6 +11,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
+from tests.integration.helpers import wait_until
 from tests.integration.models import TINY_VOCAB, tiny_gpt2
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
@@ -121,3 +122,56 @@ def test_the_otel_layer_histogram_and_gauges_follow_the_same_choice() -> None:
     finally:
         mp.shutdown(2)
         meters.shutdown()
+
+
+class _Leaky(torch.nn.Module):
+    """Keeps 256 KiB at every call: a small layer, far from the top by peak, that leaks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.kept.append(torch.ones(64 * 1024))
+        return x + 1
+
+
+class _Big(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.ones(4 << 20)[:1].sum() * 0  # a 16 MiB temporary: the top layer by peak
+
+
+@pytest.mark.timeout(120)
+def test_a_leak_suspect_outside_the_top_layers_exports_every_per_layer_family_and_is_counted() -> None:
+    m = torch.nn.Sequential()
+    m.add_module("big", _Big())
+    m.add_module("leaky", _Leaky())
+    m.add_module("lin", torch.nn.Linear(8, 8))
+    mp.start_monitoring({"sampler": {"interval": "20ms"}, "series": {"layers": "top", "top_layers": 1},
+                         "leaks": {"warmup": 0, "floor_interval": "50ms", "trend_window": "3s",
+                                   "min_growth_rate": 1, "min_growth_bytes": 1}})
+    h = mp.instrument(m, name="m", attribution={**EVERY, "window": "1s"})
+    srv = mp.serve(port=0)
+    try:
+        def suspected() -> bool:
+            with torch.no_grad():
+                m(torch.ones(8))
+            leaks = httpx.get(srv.url + "/v1/leaks").json()["suspects"]
+            return any(s.get("layer") == "leaky" for s in leaks)
+
+        wait_until(suspected, timeout=60, what="the leaking layer flagged")
+        stats = h.layer_stats()
+        top = sorted((p for p in stats if p), key=lambda p: (-stats[p].peak_increase, p))[0]
+        assert top == "big" and stats["leaky"].peak_increase < stats["big"].peak_increase
+        # the choice is remade at most a second later; then every family carries the suspect
+        wait_until(lambda: "leaky" in (httpx.get(srv.url + "/v1/status").json()["series"]["exported_layers"]
+                                       or {}).get("m", []), timeout=10, what="the suspect among the exported layers")
+        fams = _parse(httpx.get(srv.url + "/metrics").text)
+        for name in LAYER_FAMILIES:
+            assert {lab["layer"] for lab, _ in fams[name] if lab["model"] == "m"} == {"", "big", "leaky"}, name
+        assert [v for lab, v in fams["memprof_layers_exported"] if lab["model"] == "m"] == [3]
+        assert httpx.get(srv.url + "/v1/status").json()["series"]["exported_layers"] == {"m": ["", "big", "leaky"]}
+    finally:
+        srv.close()
+        h.uninstrument()
+        mp.shutdown(2)

@@ -36,9 +36,12 @@ def test_top_layers_are_the_root_and_the_highest_peaks_ties_by_path() -> None:
     assert top_layers(peaks, 0) == {""}
     assert top_layers(peaks, 100) == set(peaks)
     assert top_layers({}, 4) == {""}
+    # a leak suspect is exported whatever its rank
+    assert top_layers(peaks, 1, frozenset({"ln_f"})) == {"", "lm_head", "ln_f"}
+    assert top_layers(peaks, 0, frozenset({"h.0", "ln_f"})) == {"", "h.0", "ln_f"}
 
 
-def test_restricting_series_keeps_other_models_process_rows_and_leak_suspects() -> None:
+def test_restricting_series_keeps_the_kept_layers_other_models_and_process_rows() -> None:
     series = {
         "memprof_layer_peak_increase_bytes": [({"model": "a", "layer": "", "device": "cpu"}, 9.0),
                                               ({"model": "a", "layer": "x", "device": "cpu"}, 5.0),
@@ -51,11 +54,11 @@ def test_restricting_series_keeps_other_models_process_rows_and_leak_suspects() 
         "memprof_process_resident_memory_bytes": [({}, 1e9)],
         "memprof_overhead_seconds_total": [({"model": "a"}, 0.5)],
     }
-    out = restrict_series(series, {"a": frozenset({"", "x"})})
+    out = restrict_series(series, {"a": frozenset({"", "x", "z"})})
     layers = {name: [(lab.get("model"), lab.get("layer")) for lab, _ in rows] for name, rows in out.items()}
     assert layers["memprof_layer_peak_increase_bytes"] == [("a", ""), ("a", "x"), ("b", "y")]  # b: not restricted
-    assert layers["memprof_layer_leak_suspected"] == [("a", "z")]  # a suspect is never hidden by rank
-    assert layers["memprof_layer_surviving_bytes"] == [("a", "z")]  # nor what it keeps
+    assert layers["memprof_layer_leak_suspected"] == [("a", "z")]
+    assert layers["memprof_layer_surviving_bytes"] == [("a", "z")]
     assert out["memprof_process_resident_memory_bytes"] == series["memprof_process_resident_memory_bytes"]
     assert out["memprof_overhead_seconds_total"] == series["memprof_overhead_seconds_total"]
 
