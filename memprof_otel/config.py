@@ -689,17 +689,44 @@ def _read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(str(p), f"cannot read config file: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), f"not UTF-8 text (byte {e.start})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_keys_loader(yaml))  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(str(p), f"not valid YAML{where}") from None
+        problem = getattr(e, "problem", None)
+        raise ConfigError(str(p), f"not valid YAML{where}" + (f": {problem}" if problem and "duplicate" in problem
+                                                              else "")) from None
+    except RecursionError:
+        raise ConfigError(str(p), "not valid YAML: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(str(p), "the top level must be a mapping")
     return dict(data)
+
+
+def _unique_keys_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping: plain YAML keeps the last
+    one silently, so a file that says ``layers: top`` and later ``layers: all`` would run with
+    ``all`` while its reader sees ``top``."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: keys it brings may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
 
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | Config | None

@@ -280,11 +280,15 @@ def test_check_config_accepts_a_good_file_and_summarises_it(tmp_path: Path) -> N
     ("watchdog:\n  rules:\n    - {name: r, metric: memprof_process_resident_memory_bytes, op: '=>', "
      "threshold: 1GiB}\n", ["watchdog.rules[0].op", "=>"]),
     ("sampler: {interval: 1s\nhttp: [\n", ["not valid YAML"]),
-], ids=["unknown-key", "unknown-section", "bad-unit", "bad-rule-threshold-unit", "bad-rule-op", "yaml-syntax"])
+    ("series:\n  layers: top\n  top_layers: 3\n  layers: all\n", ["not valid YAML at line 4", "duplicate key 'layers'"]),
+    ("series: " + "[" * 5000 + "]" * 5000 + "\n", ["not valid YAML", "nested too deeply"]),
+    ("service_name: caf\udcff\n", ["not UTF-8 text"]),
+], ids=["unknown-key", "unknown-section", "bad-unit", "bad-rule-threshold-unit", "bad-rule-op", "yaml-syntax",
+        "duplicate-key", "nested-too-deep", "not-utf8"])
 def test_check_config_rejects_a_bad_file_in_one_line_naming_the_key(tmp_path: Path, content: str,
                                                                      fragments: list[str]) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(content)
+    path.write_bytes(content.encode("utf-8", "surrogateescape"))  # a lone surrogate escape: a non-UTF-8 byte
     proc = cli("check-config", str(path))
     assert_one_line_error(proc, 2, *fragments)
     assert proc.stdout == ""

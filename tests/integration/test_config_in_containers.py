@@ -140,6 +140,19 @@ def test_an_unreadable_config_file_from_the_environment_is_left_out(tmp_path: Pa
     assert r.stderr.count("MEMPROF_OTEL_CONFIG") == 1, r.stderr
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfeservice_name: x\n", b"series: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+                                     b"series:\n  layers: top\n  layers: all\n"],
+                         ids=["not-utf8", "nested-too-deep", "duplicate-key"])
+def test_a_config_file_from_the_environment_that_cannot_be_parsed_is_left_out(tmp_path: Path, content: bytes):
+    (tmp_path / "c.yaml").write_bytes(content)
+    r = _run(_SERVE_AND_SCRAPE, {"MEMPROF_OTEL_CONFIG": str(tmp_path / "c.yaml")})
+    assert r.returncode == 0, r.stderr  # the model was instrumented and served
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["metrics_status"] == 200
+    assert 'memprof_config_errors_total{source="file"} 1.0' in out["config_errors"]
+    assert r.stderr.count("MEMPROF_OTEL_CONFIG") == 1, r.stderr
+
+
 def test_a_clean_environment_shows_zero_config_errors(tmp_path: Path):
     r = _run(_SERVE_AND_SCRAPE, {})
     assert r.returncode == 0, r.stderr
