@@ -192,12 +192,18 @@ class TensorLedger:
             # a known storage came back (view, in-place, out=): it may have been resized
             n = st.nbytes()
             if n != known.nbytes:
+                grown = 0
                 with self._lock:
                     self._fold_locked()  # deaths before growth: the peak must not count both
                     item = self._live.get(id(st))
                     if item is not None:
-                        self._add(n - item.nbytes)
+                        grown = n - item.nbytes
+                        self._add(grown)
                         item.nbytes = n
+                # growth is new memory this op allocated (resize_, out= into a smaller tensor): a
+                # capture weighs it like a birth
+                if grown > 0 and self.listener is not None:
+                    self.listener(func, grown)
             return
         if not self._on_device(t):
             return

@@ -113,3 +113,36 @@ def test_capture_waiter_in_another_thread():
         model(torch.randn(4, 8))
         t.join(10)
     assert result == [True]
+
+
+class _Resizes(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.empty(0, dtype=torch.uint8)
+        t.resize_(1 << 20)  # 1 MiB allocated by growing an existing (empty) storage
+        return x
+
+
+class _WritesOut(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(0)
+        torch.add(x, 1, out=out)  # out= grows the empty tensor to x's size
+        return out
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_capture_counts_storage_growth_as_allocation(validator, mode: str):
+    """resize_ and out= into a smaller tensor allocate by growing a storage the op was handed: a
+    capture weighs the growth, as the layer figures do (reference: the sizes asked for)."""
+    model = torch.nn.Sequential()
+    model.add_module("r", _Resizes())
+    model.add_module("o", _WritesOut())
+    x = torch.zeros(1 << 16)  # 256 KiB of float32
+    with mp.instrument(model, name="grow", overhead_budget=0.0) as h:
+        cap = h.capture(forwards=1)
+        with (torch.no_grad() if mode == "no_grad" else torch.inference_mode()):
+            model(x)
+        assert cap.wait(5)
+        doc = cap.speedscope()
+    validator.validate(doc)
+    _, stacks = _sampled(doc)
+    assert stacks == {("grow", "r", "aten::resize_"): 1 << 20, ("grow", "o", "aten::add.out"): x.numel() * F32}
