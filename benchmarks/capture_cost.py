@@ -124,7 +124,7 @@ def run_model(name: str, quick: bool, captures: int, dump_dir: str) -> list[dict
             runtime().dump_service.store_capture(h.name, cap2, reason="bench")
             service_s.append(time.perf_counter() - t0)
             if i == 0:
-                sizes = {"allocation_records": len(cap.allocations), "call_events": len(cap.calls),
+                sizes = {"stacks": len(cap.allocations), "call_events": len(cap.calls),
                          "frames": len(doc["shared"]["frames"]), "samples": len(doc["profiles"][0]["samples"]),
                          "bytes_allocated": cap.total_bytes(), "document_bytes": len(body)}
     h.uninstrument()
@@ -137,8 +137,8 @@ def run_model(name: str, quick: bool, captures: int, dump_dir: str) -> list[dict
                "store_capture_ratio": med(service_s) / plain_s}
     cap_row = out[-1]
     doc_row["end_to_end_ratio"] = (1 + cap_row["median_overhead"]) + doc_row["store_capture_ratio"]
-    print(f"  {sizes.get('allocation_records', 0):,} allocation records, {sizes.get('call_events', 0):,} call "
-          f"events, {sizes.get('frames', 0):,} frames, {sizes.get('samples', 0):,} stacks, document "
+    print(f"  {sizes.get('stacks', 0):,} stacks recorded, {sizes.get('call_events', 0):,} call "
+          f"events, {sizes.get('frames', 0):,} frames, {sizes.get('samples', 0):,} samples, document "
           f"{sizes.get('document_bytes', 0) / 1024:,.0f} KiB")
     print(f"  speedscope() {doc_row['speedscope_build_ms']:.2f} ms (x{doc_row['speedscope_build_ratio']:.3f} of a plain "
           f"forward) | json.dumps {doc_row['json_encode_ms']:.2f} ms | DumpStore.save {doc_row['store_save_ms']:.2f} ms "

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from .._version import __version__
 from ..errors import MemprofError
 from ..files import write_bytes_atomic, write_json_atomic
-from .flame import SIDE_KEY, Flame, merge
+from .flame import SIDE_KEY, Flame
 from .pprof import build_pprof, is_pprof_path
 from .speedscope import balanced_calls, build_speedscope
 
@@ -38,21 +38,25 @@ class LayerCall(Protocol):
 
 
 class Capture:
-    def __init__(self, model_name: str, forwards: int, max_records: int = 2_000_000, *,
+    def __init__(self, model_name: str, forwards: int, max_stacks: int = 200_000, *,
                  per_op: bool = True, device: str | None = None) -> None:
         if isinstance(forwards, bool) or not isinstance(forwards, int) or not 1 <= forwards <= 1000:
             raise ValueError(f"forwards must be an int in [1, 1000], got {forwards!r}")
         self.model_name = model_name
         self.forwards = forwards
-        self.max_records = max_records
+        self.max_stacks = max_stacks
         self.completed = 0
-        self.dropped = 0
+        self.dropped = 0  # allocations in stacks beyond the first max_stacks, left out (the title says so)
         self.created_unix = time.time()
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._busy = False
         self._stack: list[str] = []
-        self.allocations: list[tuple[tuple[str, ...], int]] = []
+        # stack (model, layer paths..., op) -> [bytes, allocations], in the order first seen. Summed
+        # as they come, not kept one row per allocation: a capture's memory follows the distinct
+        # stacks (module paths x ops), not the allocations (millions over 1,000 forwards of a big
+        # model, ~250 bytes each, held while it is the handle's last capture)
+        self._merged: dict[tuple[str, ...], list[int]] = {}
         self.calls: list[tuple[str, str, float]] = []
         self.cancelled = False
         self.failed: str | None = None  # why it ended before its forwards (uninstrumented, ...)
@@ -96,22 +100,37 @@ class Capture:
                    " yet: run a forward of the model (wait() returns once the forwards are in)")
             raise MemprofError(f"no forward of {self.model_name!r} was captured{why}")
 
-    def _title(self) -> str:
-        return f"{self.model_name} ({self.completed} forward{'s' if self.completed != 1 else ''})"
+    @property
+    def allocations(self) -> list[tuple[tuple[str, ...], int]]:
+        """``(stack, bytes)`` per distinct stack, summed over the allocations recorded there."""
+        return [(stack, v[0]) for stack, v in self._stacks()]
 
-    def _recorded(self) -> tuple[list[tuple[tuple[str, ...], int]], list[tuple[str, str, float]]]:
-        """A copy of the allocations and calls recorded (``MemprofError`` before a forward is in)."""
+    def _stacks(self) -> list[tuple[tuple[str, ...], tuple[int, int]]]:
+        # list() of a dict's items runs in C without releasing the GIL: a forward still recording
+        # on another thread cannot change the dict's size under it
+        return [(stack, (v[0], v[1])) for stack, v in list(self._merged.items())]
+
+    def _title(self) -> str:
+        title = f"{self.model_name} ({self.completed} forward{'s' if self.completed != 1 else ''})"
+        if self.dropped:
+            title += f"; {self.dropped:,} allocations in stacks beyond the first {self.max_stacks:,} left out"
+        return title
+
+    def _recorded(self) -> tuple[list[tuple[tuple[str, ...], tuple[int, int]]], list[tuple[str, str, float]]]:
+        """A copy of the stacks and calls recorded (``MemprofError`` before a forward is in)."""
         self._check_completed()
         with self._lock:
-            return list(self.allocations), list(self.calls)
+            return self._stacks(), list(self.calls)
 
     def flame(self) -> Flame:
         """What was recorded as the plain data both files are built from: per stack, the bytes and
         the number of allocations (``per_op=False``: the peak increase alone, one sample type)."""
         return self._flame(*self._recorded())
 
-    def _flame(self, allocations: list[tuple[tuple[str, ...], int]], calls: list[tuple[str, str, float]]) -> Flame:
-        stacks, values = merge(allocations, count=self.per_op)
+    def _flame(self, recorded: list[tuple[tuple[str, ...], tuple[int, int]]],
+               calls: list[tuple[str, str, float]]) -> Flame:
+        stacks = tuple(stack for stack, _ in recorded)
+        values = tuple(v if self.per_op else v[:1] for _, v in recorded)
         types = (("alloc_space", "bytes"), ("alloc_objects", "count")) if self.per_op else \
             (("peak_increase", "bytes"),)
         labels = [("model", self.model_name)]
@@ -147,8 +166,7 @@ class Capture:
             write_json_atomic(self.speedscope(), path)
 
     def total_bytes(self) -> int:
-        with self._lock:
-            return sum(n for _, n in self.allocations)
+        return sum(n for _, n in self.allocations)
 
     # ---- what the instrumentation calls ----------------------------------------------------
     def claim(self) -> bool:
@@ -182,10 +200,18 @@ class Capture:
             self._done.set()
 
     def on_alloc(self, func: Any, nbytes: int) -> None:
-        if len(self.allocations) >= self.max_records:
-            self.dropped += 1
-            return
-        self.allocations.append(((*self._stack, _op_name(func)), nbytes))
+        if nbytes > 0:
+            self._record((*self._stack, _op_name(func)), nbytes)
+
+    def _record(self, stack: tuple[str, ...], nbytes: int) -> None:
+        v = self._merged.get(stack)
+        if v is None:
+            if len(self._merged) >= self.max_stacks:
+                self.dropped += 1
+                return
+            v = self._merged[stack] = [0, 0]
+        v[0] += nbytes
+        v[1] += 1
 
     def enter(self, path: str, module: Any, t: float) -> None:
         self._stack.append(path)
@@ -211,10 +237,8 @@ class Capture:
                 break
 
     def _weigh(self, stack: tuple[str, ...], call: LayerCall) -> None:
-        if len(self.allocations) >= self.max_records:
-            self.dropped += 1
-            return
-        self.allocations.append((stack, max(0, call.peak_level - call.entry_level)))
+        if call.peak_level > call.entry_level:
+            self._record(stack, call.peak_level - call.entry_level)
 
 
 def _op_name(func: Any) -> str:

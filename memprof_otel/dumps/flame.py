@@ -13,7 +13,7 @@ weights, so the pprof totals equal the speedscope ones by construction.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,21 +67,6 @@ class Flame:
                 "labels": [list(kv) for kv in self.labels],
                 "time_nanos": self.time_nanos, "duration_nanos": self.duration_nanos,
                 "period_type": list(self.period_type), "comments": list(self.comments)}
-
-
-def merge(rows: Iterable[tuple[Sequence[str], int]], *, count: bool) -> tuple[
-        tuple[tuple[str, ...], ...], tuple[tuple[int, ...], ...]]:
-    """Merge ``(stack, bytes)`` rows as the speedscope builder does (identical stacks summed, order
-    of first appearance kept, rows of 0 bytes or less left out). Each merged value is ``(bytes,)``,
-    or ``(bytes, rows merged)`` with ``count``."""
-    merged: dict[tuple[str, ...], list[int]] = {}
-    for stack, nbytes in rows:
-        if nbytes > 0:
-            v = merged.setdefault(tuple(stack), [0, 0])
-            v[0] += int(nbytes)
-            v[1] += 1
-    values = tuple((v[0], v[1]) if count else (v[0],) for v in merged.values())
-    return tuple(merged), values
 
 
 def _pairs(raw: Any, what: str) -> tuple[tuple[str, str], ...]:
