@@ -405,7 +405,11 @@ def serve(rt: EndpointServices, host: str | None = None, port: int | None = None
     assert cfg is not None
     shared = cfg.workers.snapshot_dir is not None
     if port is None and cfg.http.port_per_rank:  # a rank of torchrun: http.port + LOCAL_RANK
-        port = rank_port(cfg.http.port, ranks_from().port_offset(), shared)
+        offset = ranks_from().port_offset()
+        port = rank_port(cfg.http.port, offset, shared)
+        if port > 65535:
+            raise ConfigError("http.port", f"{cfg.http.port} + LOCAL_RANK {offset} = {port} is past 65535: "
+                              "set a lower http.port, or http.port_per_rank: false")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535):
         raise ConfigError("http.port", f"must be an integer in 0..65535, got {port!r}")
     if host is not None and (not isinstance(host, str) or not host):

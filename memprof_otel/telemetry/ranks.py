@@ -21,8 +21,10 @@ number): a plain process gets none of them, its label sets stay exactly as they 
 - The port: rank ``LOCAL_RANK`` serves on ``http.port + LOCAL_RANK`` (``http.port_per_rank``), as
   each worker of a pre-fork server gets a port of its own (``http/workers.py``).
 
-A ``RANK`` that is not a number, or a ``WORLD_SIZE`` > 1 without a ``RANK``, tells no rank: the
-process is treated as a plain one. Without ``LOCAL_RANK`` the local rank is 0.
+A ``RANK`` that is not a number (ASCII digits, below ``MAX_RANK``), or a ``WORLD_SIZE`` > 1
+without a ``RANK``, tells no rank: the process is treated as a plain one, and a warning says so
+once, since its series will collide with the other ranks'. Without ``LOCAL_RANK`` the local rank
+is 0 (a warning too when it is set but not a number).
 """
 from __future__ import annotations
 
@@ -30,8 +32,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .._log import warn_once
+
 RANK_LABEL = "rank"
 RESOURCE_PREFIX = "torch.distributed."
+# no job has a million ranks; a larger figure is a mistake (and overflows an OTel int attribute)
+MAX_RANK = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,17 @@ class Ranks:
 
 
 def _int(environ: Mapping[str, str], name: str) -> int | None:
+    """The variable as a number, None when unset or not one. Only ASCII digits: ``str.isdigit``
+    also takes "²" (which ``int`` refuses) and "٣" (which it reads as 3)."""
     raw = (environ.get(name) or "").strip()
-    return int(raw) if raw.isdigit() else None
+    if raw.isascii() and raw.isdigit() and int(raw) < MAX_RANK:
+        return int(raw)
+    if raw:
+        warn_once(f"rank-variable-{name}-{raw[:40]}",
+                  "memprof_otel: %s=%r is not a number below %d; %s", name, raw[:40], MAX_RANK,
+                  "the process is not labelled as a rank: its series collide with the other ranks'"
+                  if name == "RANK" else f"{name} is taken as unset")
+    return None
 
 
 def ranks_from(environ: Mapping[str, str] | None = None) -> Ranks:
@@ -69,6 +84,10 @@ def ranks_from(environ: Mapping[str, str] | None = None) -> Ranks:
     env = os.environ if environ is None else environ
     rank, local, world = _int(env, "RANK"), _int(env, "LOCAL_RANK"), _int(env, "WORLD_SIZE")
     if rank is None:
+        if (world or 0) > 1 and not (env.get("RANK") or "").strip():
+            warn_once("rank-variable-missing", "memprof_otel: WORLD_SIZE=%d but RANK is not set: the process is "
+                      "not labelled as a rank, so the ranks' series and ports collide (set RANK, as torchrun "
+                      "does)", world)
         return Ranks()
     return Ranks(rank=rank, local_rank=local or 0, world_size=max(world or 1, rank + 1), distributed=True)
 

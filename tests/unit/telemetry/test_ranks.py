@@ -1,6 +1,9 @@
 """Ranks from the launcher's variables, and what they change: labels, resource, port, exposition."""
 from __future__ import annotations
 
+import logging
+
+import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as om_latest
@@ -8,6 +11,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from memprof_otel.export.layer_exposition import render_layer_families
 from memprof_otel.export.otel_settings import resource_attributes
 from memprof_otel.http.workers import rank_port
+import memprof_otel as mp
+from memprof_otel.errors import ConfigError
 from memprof_otel.telemetry.ranks import Ranks, process_labels, ranks_from
 from memprof_otel.telemetry.series import LayerView
 
@@ -19,6 +24,38 @@ def test_a_plain_process_is_no_rank_and_gets_nothing():
         r = ranks_from(env)
         assert r == Ranks() and not r.distributed, env
         assert r.labels() == {} and r.resource_attributes() == {} and r.port_offset() == 0
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RANK": "\u00b2"}, "RANK='\u00b2' is not a number"),        # isdigit() but int() refuses it
+    ({"RANK": "\u0663"}, "RANK='\u0663' is not a number"),        # Arabic-Indic 3: int() would read it
+    ({"RANK": "-1"}, "RANK='-1' is not a number"),
+    ({"RANK": "99999999999999999999999"}, "not a number below 1000000"),  # would overflow an OTel int
+    ({"WORLD_SIZE": "4", "LOCAL_RANK": "2"}, "WORLD_SIZE=4 but RANK is not set"),
+])
+def test_variables_that_tell_no_rank_leave_a_plain_process_and_say_why_once(
+        env: dict[str, str], says: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memprof_otel._log._warned", set())
+    with caplog.at_level(logging.WARNING, logger="memprof_otel"):
+        assert ranks_from(env) == Ranks() and process_labels(env) == {}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and says in lines[0], lines  # twice asked, once said
+
+
+def test_a_local_rank_that_is_no_number_is_zero_and_said(caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("memprof_otel._log._warned", set())
+    with caplog.at_level(logging.WARNING, logger="memprof_otel"):
+        r = ranks_from({"RANK": "1", "LOCAL_RANK": "x", "WORLD_SIZE": "2"})
+    assert (r.rank, r.local_rank, r.distributed) == (1, 0, True)
+    assert ["LOCAL_RANK='x' is not a number" in m.getMessage() for m in caplog.records] == [True]
+
+
+def test_a_rank_port_past_65535_names_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "7")
+    monkeypatch.setenv("LOCAL_RANK", "60000")
+    with pytest.raises(ConfigError, match=r"9464 \+ LOCAL_RANK 60000 = 69464 is past 65535"):
+        mp.serve(port=None)
 
 
 def test_a_torchrun_rank():
