@@ -236,7 +236,8 @@ METRICS: tuple[MetricDef, ...] = (
               "Layers of the model exported as per-layer series (series.layers: every one, or the top ones)",
               ("model",)),
     MetricDef("memprof_series_exported", "memprof.series.exported", "{series}", "gauge",
-              "Samples in this process's last /metrics answer (absent before the first scrape)"),
+              "Samples in the last /metrics answer this process gave (in single-port mode every worker's "
+              "series; absent before the first)"),
     MetricDef("memprof_series_budget", "memprof.series.budget", "{series}", "gauge",
               "Series this process may export (series.budget): MemprofSeriesOverBudget fires above it"),
     MetricDef("memprof_build_info", "memprof.build_info", "", "info",

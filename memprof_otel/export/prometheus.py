@@ -133,13 +133,15 @@ def render_exposition(rt: ScrapeSource, registry: CollectorRegistry, accept: str
         body = body[: -len(eof)] + layers + eof
     else:
         body += layers
-    rt.record_series_exported(_sample_lines(body))
     return body, content_type
 
 
-def _sample_lines(body: bytes) -> int:
-    """Samples in an exposition: its lines less the comment lines (HELP, TYPE, UNIT, EOF)."""
+def count_samples(body: bytes) -> int:
+    """Samples in an exposition: its lines less the comment lines (HELP, TYPE, UNIT, EOF). What
+    ``memprof_series_exported`` reports of the last ``/metrics`` answer (the endpoint counts the
+    body it answers: in single-port mode that holds every worker's series, while the renders of
+    this process's part alone, for the answer and for its snapshot file, are not answers)."""
     return body.count(b"\n") - body.count(b"\n#") - body.startswith(b"#")
 
 
-__all__ = ["BY_PROM", "MemprofCollector", "make_registry"]
+__all__ = ["BY_PROM", "MemprofCollector", "count_samples", "make_registry", "render_exposition"]

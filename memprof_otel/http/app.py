@@ -33,7 +33,7 @@ from ..dumps.heap_session import HeapProfiler
 from ..dumps.pprof import build_pprof
 from ..dumps.service import DumpService
 from ..export.exposition_merge import OPENMETRICS
-from ..export.prometheus import ScrapeSource, make_registry, render_exposition
+from ..export.prometheus import ScrapeSource, count_samples, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
 from ..sources import registry
 from ..telemetry.leaks import LeakWatch
@@ -401,6 +401,7 @@ class Endpoint:
             body, content_type = render_all_workers(
                 own, folder, stale_after_s(cfg.workers.snapshot_interval, cfg.sampler.interval), accept,
                 on_error=self.rt.count_export_error)
+        self.rt.record_series_exported(count_samples(body))  # what this answer hands the scraper
         # Prometheus asks for gzip; a 1,000-layer scrape shrinks ~13x (docs/benchmarks.md)
         if accepts_gzip(req.headers.get("accept-encoding", "")):
             return Response(200, gzip.compress(body, compresslevel=GZIP_LEVEL), content_type,

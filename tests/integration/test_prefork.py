@@ -416,3 +416,36 @@ def test_gunicorn_preload_with_a_port_range_gives_each_worker_its_own_port(tmp_p
             assert abs(value - rss) / rss < 0.25, (pid, p, value, rss)
     # AND no worker mistook its own port for a shared one
     assert "mounted in a server with" not in log.read_text()
+
+
+def test_single_port_series_exported_counts_the_whole_answer_and_no_snapshot(tmp_path: Path) -> None:
+    # GIVEN single-port mode with this process's file and another worker's (a copy under a live pid)
+    folder = tmp_path / "snapshots"
+    mp.start_monitoring({"workers": {"snapshot_dir": str(folder), "snapshot_interval": "0.1s"},
+                         "sampler": {"interval": "0.05s"}})
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    mp.instrument(model, name="mlp", every_n_forwards=1, overhead_budget=1.0)
+    model(torch.randn(4, 16))
+    own = folder / f"{os.getpid()}.om"
+    _until(lambda: own.exists() and b'layer="2"' in own.read_bytes(), 10, "this process's file with the layers")
+    # several snapshot renders: none of them is an answer, so the count stays what an earlier
+    # answer in this process left (none in a fresh one)
+    before = runtime().series_exported
+    time.sleep(0.3)
+    counted = [ln for ln in own.read_bytes().splitlines() if ln.startswith(b"memprof_series_exported")]
+    assert counted == ([] if before is None else [b"memprof_series_exported %.1f" % before])
+    sibling = psutil.Process(os.getppid())
+    (folder / f"{sibling.pid}.om").write_bytes(own.read_bytes())
+    ep = mp.wsgi_app().endpoint  # type: ignore[attr-defined]
+
+    # WHEN /metrics is answered twice
+    first = ep.handle(Request("GET", "/metrics", headers={"accept": OPENMETRICS})).body.decode()
+    second = ep.handle(Request("GET", "/metrics", headers={"accept": OPENMETRICS})).body.decode()
+
+    # THEN the second carries, under this worker, the samples of the whole first answer (both
+    # workers' series: what the scraper got), counted here by prometheus_client's parser
+    in_first = len(_om_samples(first))
+    assert {x[3] for x in _om_samples(first) if ("worker", str(sibling.pid)) in x[4]}  # the sibling is in it
+    exported = [x[5] for x in _om_samples(second)
+                if x[3] == "memprof_series_exported" and ("worker", str(os.getpid())) in x[4]]
+    assert exported == [in_first]
