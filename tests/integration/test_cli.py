@@ -461,3 +461,60 @@ def test_monitor_shows_alert_values_in_their_metrics_units() -> None:
 def test_monitor_an_unreachable_url_is_one_line_exit_1() -> None:
     (port,) = free_ports(1)
     assert_one_line_error(cli("monitor", "--url", f"http://127.0.0.1:{port}", "--once"), 1, "cannot reach")
+
+
+# ---------------------------------------------------------------- --url and -o, checked before any request
+
+@pytest.mark.parametrize("url, what", [
+    ("http://127.0.0.1:abc", "port must be a number"), ("http://a b:1", "space"), ("http://[::1", "IPv6"),
+    ("http://127.0.0.1:99999", "port must be a number"), ("ftp://127.0.0.1:1", "scheme must be http or https"),
+    ("http://:9464", "no host"), ("127.0.0.1:9464", "no http://"),
+])
+@pytest.mark.parametrize("command", ["dump", "heap", "advise"])
+def test_a_malformed_url_is_one_line_exit_2_naming_what_is_wrong(tmp_path: Path, command: str, url: str,
+                                                                 what: str) -> None:
+    extra = {"dump": ["-o", str(tmp_path / "x.json")], "heap": ["--seconds", "1"], "advise": []}[command]
+    proc = cli(command, "--url", url, *extra)
+    assert_one_line_error(proc, 2, "--url", what)
+    assert "unexpected" not in proc.stderr and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("command", ["dump", "heap", "monitor", "advise", "headroom"])
+def test_a_password_in_the_url_is_never_printed(tmp_path: Path, command: str) -> None:
+    (port,) = free_ports(1)
+    extra = {"dump": ["-o", str(tmp_path / "x.json"), "--timeout", "2"], "heap": ["--seconds", "1"],
+             "monitor": ["--once"]}.get(command, [])
+    # an unreachable endpoint (exit 1) and a malformed one (exit 2) both echo the URL
+    proc = cli(command, "--url", f"http://alice:pa55word@127.0.0.1:{port}", *extra)
+    assert_one_line_error(proc, 1, "cannot reach", f"http://***@127.0.0.1:{port}")
+    proc = cli(command, "--url", "http://alice:pa55word@127.0.0.1:abc/", *extra)
+    assert_one_line_error(proc, 2, "--url", "http://***@127.0.0.1:abc")
+    assert "pa55word" not in proc.stdout + proc.stderr
+
+
+def test_credentials_in_the_url_are_sent_as_basic_auth_not_as_the_host() -> None:
+    import base64
+    import http.server
+
+    seen: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        proc = cli("advise", "--url", f"http://alice:pa55word@127.0.0.1:{port}")
+        assert_one_line_error(proc, 2, "HTTP 404", f"http://***@127.0.0.1:{port}/v1/advice")
+        assert "pa55word" not in proc.stderr
+        assert seen == ["Basic " + base64.b64encode(b"alice:pa55word").decode()]
+    finally:
+        srv.shutdown()
