@@ -518,3 +518,77 @@ def test_credentials_in_the_url_are_sent_as_basic_auth_not_as_the_host() -> None
         assert seen == ["Basic " + base64.b64encode(b"alice:pa55word").decode()]
     finally:
         srv.shutdown()
+
+
+@pytest.mark.parametrize("command", ["dump", "heap"])
+def test_the_output_path_is_checked_before_any_request(tmp_path: Path, command: str) -> None:
+    # GIVEN an unreachable endpoint: had the command called it first, it would exit 1 "cannot reach"
+    (port,) = free_ports(1)
+    base = [command, "--url", f"http://127.0.0.1:{port}"] + (["--seconds", "1"] if command == "heap" else [])
+    assert_one_line_error(cli(*base, "-o", str(tmp_path / "missing" / "x.json")), 2, "does not exist")
+    assert_one_line_error(cli(*base, "-o", str(tmp_path)), 2, str(tmp_path), "is a folder")
+    assert_one_line_error(cli(*base, "-o", f"{tmp_path}/"), 2, "is a folder")
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert_one_line_error(cli(*base, "-o", str(locked / "x.json")), 2, "not writable")
+
+
+def test_heap_pprof_without_an_output_is_an_argument_error() -> None:
+    (port,) = free_ports(1)
+    proc = cli("heap", "--url", f"http://127.0.0.1:{port}", "--seconds", "1", "--format", "pprof")
+    assert_one_line_error(proc, 2, "--format pprof needs -o")
+
+
+def _cli_bytes(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    return subprocess.run([sys.executable, "-m", "memprof_otel.cli", *args], capture_output=True,
+                          timeout=120, env=env, cwd=REPO)
+
+
+@pytest.mark.timeout(180)
+def test_dump_and_heap_write_to_standard_output_with_dash(live: tuple[str, Path]) -> None:
+    import gzip
+
+    url = live[0]
+    proc = _cli_bytes("dump", "--url", url, "--token", TOKEN, "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    validate_speedscope(json.loads(proc.stdout))  # the dump alone on stdout
+    assert b"wrote standard output" in proc.stderr
+    proc = _cli_bytes("dump", "--url", url, "--token", TOKEN, "-o", "-", "--format", "pprof")
+    assert proc.returncode == 0, proc.stderr
+    assert gzip.decompress(proc.stdout)  # binary-safe
+    proc = _cli_bytes("heap", "--url", url, "--token", TOKEN, "--seconds", "1", "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    validate_speedscope(json.loads(proc.stdout))
+    assert b"Python heap growth" in proc.stderr  # the report moves to stderr
+
+
+@pytest.mark.timeout(180)
+def test_dump_writes_through_a_device_a_fifo_or_a_symlink(live: tuple[str, Path], tmp_path: Path) -> None:
+    url = live[0]
+    # a symlink to a device stays a symlink (the rename used to replace it with a regular file)
+    to_null = tmp_path / "null"
+    to_null.symlink_to("/dev/null")
+    assert cli("dump", "--url", url, "--token", TOKEN, "-o", str(to_null)).returncode == 0
+    assert to_null.is_symlink() and os.readlink(to_null) == "/dev/null"
+    # a symlink to a regular file stays a symlink; its target gets the dump
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert cli("dump", "--url", url, "--token", TOKEN, "-o", str(link)).returncode == 0
+    assert link.is_symlink()
+    validate_speedscope(json.loads(target.read_text()))
+    # a FIFO: its reader gets the dump
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    proc = cli("dump", "--url", url, "--token", TOKEN, "-o", str(fifo))
+    assert proc.returncode == 0, proc.stderr
+    reader.join(30)
+    if reader.is_alive():  # unblock the reader's open() before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert got and fifo.is_fifo()
+    validate_speedscope(json.loads(got[0]))
