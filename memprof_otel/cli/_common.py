@@ -61,8 +61,8 @@ def _url_problem(parts: urllib.parse.SplitResult) -> str | None:
         return f"the scheme must be http or https, not {parts.scheme!r}"
     if not parts.hostname:
         return "no host"
-    if any(c.isspace() or not c.isprintable() for c in parts.netloc):
-        return "a space or control character in the host"
+    if any(c.isspace() or not c.isprintable() for c in parts.geturl()):  # urllib refuses them later
+        return "a space or control character in it"
     try:
         port = parts.port  # urllib raises for a port that is not a number or over 65535
     except ValueError:

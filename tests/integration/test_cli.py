@@ -466,7 +466,7 @@ def test_monitor_an_unreachable_url_is_one_line_exit_1() -> None:
 # ---------------------------------------------------------------- --url and -o, checked before any request
 
 @pytest.mark.parametrize("url, what", [
-    ("http://127.0.0.1:abc", "port must be a number"), ("http://a b:1", "space"), ("http://[::1", "IPv6"),
+    ("http://127.0.0.1:abc", "port must be a number"), ("http://a b:1", "space"), ("http://127.0.0.1:1/a b", "space"), ("http://[::1", "IPv6"),
     ("http://127.0.0.1:99999", "port must be a number"), ("ftp://127.0.0.1:1", "scheme must be http or https"),
     ("http://:9464", "no host"), ("127.0.0.1:9464", "no http://"),
 ])
