@@ -5,6 +5,7 @@ installed, with no extra dependency.
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -39,12 +40,64 @@ def add_endpoint_arguments(p: Any) -> None:
     p.add_argument("--token", default=None, help=f"bearer token, when the endpoint has one (default: ${TOKEN_ENV})")
 
 
+def redact_url(url: str) -> str:
+    """``url`` with a ``user:password@`` part shown as ``***@``: what error messages and the monitor
+    header echo, so a password given in --url never reaches a terminal, a log or a CI transcript.
+    Plain string work, so it also redacts a URL that urllib cannot parse."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc = rest[:netloc_end]
+    if "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{rest[netloc_end:]}"
+
+
+def _url_problem(parts: urllib.parse.SplitResult) -> str | None:
+    """What is wrong with a split --url (None: nothing). Checked before any request, so that a typo
+    is bad input (exit 2) rather than a failure to reach it (exit 1) or a surprise from urllib."""
+    if parts.scheme not in ("http", "https"):
+        return f"the scheme must be http or https, not {parts.scheme!r}"
+    if not parts.hostname:
+        return "no host"
+    if any(c.isspace() or not c.isprintable() for c in parts.geturl()):  # urllib refuses them later
+        return "a space or control character in it"
+    try:
+        port = parts.port  # urllib raises for a port that is not a number or over 65535
+    except ValueError:
+        return f"the port must be a number in 1..65535, got {parts.netloc.rpartition(':')[2]!r}"
+    if port == 0:
+        return "the port must be a number in 1..65535, got '0'"
+    if parts.query or parts.fragment:  # the command appends its own paths and queries to --url
+        return "it has a query or fragment (give the endpoint's base URL only)"
+    return None
+
+
 def endpoint_url(url: str) -> str:
-    """``url`` without a trailing slash; a CommandError (exit 2) unless it is http(s)://host[:port]."""
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise CommandError(f"--url must look like http://HOST:PORT, got {url!r}", EXIT_USAGE)
-    return url.strip().rstrip("/")
+    """``url`` without a trailing slash; a CommandError (exit 2) naming --url and what is wrong
+    unless it is http(s)://host[:port][/mount path]."""
+    text = url.strip()
+    try:  # without "://", urllib reads host:port as a scheme and a path
+        problem = _url_problem(urllib.parse.urlsplit(text)) if "://" in text else "no http:// or https://"
+    except ValueError as e:  # an unclosed [IPv6 address, for one
+        problem = str(e)[:1].lower() + str(e)[1:]
+    if problem:
+        raise CommandError(f"--url {redact_url(text)!r} is not an endpoint URL: {problem} "
+                           "(e.g. http://127.0.0.1:9464)", EXIT_USAGE)
+    return text.rstrip("/")
+
+
+def _split_credentials(base: str) -> tuple[str, str | None]:
+    """(``base`` without ``user:password@``, a Basic Authorization header for them or None). urllib
+    would take them for part of the host name; sent as a header they reach a proxy that asks."""
+    parts = urllib.parse.urlsplit(base)
+    if "@" not in parts.netloc:
+        return base, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    creds = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+    return parts._replace(netloc=hostport).geturl(), "Basic " + base64.b64encode(creds).decode("ascii")
 
 
 # the HTTP statuses that mean the command's input was wrong (exit 2, like argparse's own errors):
@@ -72,32 +125,40 @@ class Client:
     """GET/POST against a memprof-otel endpoint; every failure becomes a one-line CommandError."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0) -> None:
-        self.base = endpoint_url(url)
+        given = endpoint_url(url)
+        # base and url() are what messages and the monitor header show: credentials redacted; the
+        # requests go to _base, with the credentials (if any) as a header
+        self.base = redact_url(given)
+        self._base, self._basic_auth = _split_credentials(given)
         self.token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
         self.timeout = timeout
 
     def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
-        if path.startswith(("http://", "https://")):
-            full = path
-        else:
-            full = self.base + "/" + path.lstrip("/")
+        """The URL of ``path`` as messages show it (a ``user:password@`` in --url redacted)."""
+        return self._full(self.base, path, query)
+
+    @staticmethod
+    def _full(base: str, path: str, query: Mapping[str, Any] | None) -> str:
+        full = path if path.startswith(("http://", "https://")) else base + "/" + path.lstrip("/")
         q = {k: v for k, v in (query or {}).items() if v is not None}
         return full + ("?" + urllib.parse.urlencode(q) if q else "")
 
     def request(self, method: str, path: str, query: Mapping[str, Any] | None = None,
                 timeout: float | None = None, accept: str = "application/json", body: Any = None) -> bytes:
         """``body``: sent as JSON on POST/PUT (an empty body when None)."""
-        url = self.url(path, query)
+        url = self._full(self._base, path, query)
         headers = {"Accept": accept, "User-Agent": "memprof-otel-cli"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        elif self._basic_auth:
+            headers["Authorization"] = self._basic_auth
         if method in ("POST", "PUT"):  # the endpoint refuses other content types there (415)
             headers["Content-Type"] = "application/json"
         req = urllib.request.Request(url, method=method, headers=headers,
                                      data=(b"" if body is None else json.dumps(body).encode())
                                      if method in ("POST", "PUT") else None)
         wait = self.timeout if timeout is None else timeout
-        shown = url.split("?", 1)[0]
+        shown = self.url(path).split("?", 1)[0]
         try:
             with urllib.request.urlopen(req, timeout=wait) as resp:
                 return resp.read()

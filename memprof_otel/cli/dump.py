@@ -3,7 +3,7 @@
 ``POST {url}/v1/dumps`` starts the capture and answers at once (202, the request's id); the
 command then long-polls ``GET /v1/dumps/{request id}?wait=...`` until the request is complete or
 failed, or ``--timeout`` plus a margin for storing has passed, and downloads the stored dump from
-its ``url``. The file is written atomically (never half a file). Open it at
+its ``url``. A file is written atomically (never half a file); ``-o -`` is standard output. Open it at
 https://www.speedscope.app; with ``--format pprof`` the endpoint converts it to a gzipped pprof
 ``Profile`` (``go tool pprof FILE``, Pyroscope, Parca).
 """
@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 import time
 import urllib.parse
 from typing import Any
 
-from ..files import write_bytes_atomic
 from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
+from ._output import STDOUT, check_output, shown, write_output
 
 STORE_MARGIN_S = 30.0  # beyond --timeout: building and storing the file once the forwards are in
 POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common proxy timeouts
@@ -25,7 +26,7 @@ POLL_WAIT_S = 20.0     # one long-poll; under the endpoint's cap and common prox
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_endpoint_arguments(p)
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the dump")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write the dump (- for standard output)")
     add_format_argument(p)
     p.add_argument("--model", default=None, help="model name (needed when several are instrumented)")
     p.add_argument("--forwards", type=int, default=1, help="forwards to capture (1..1000)")
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", EXIT_USAGE)
     if not 0 < args.timeout <= 600:
         raise CommandError(f"--timeout must be in (0, 600] seconds, got {args.timeout:g}", EXIT_USAGE)
+    check_output(args.output)
     client = Client(args.url, args.token)
     deadline = time.monotonic() + args.timeout + STORE_MARGIN_S
     answer = client.json("POST", "/v1/dumps",
@@ -101,12 +103,15 @@ def run(args: argparse.Namespace) -> int:
     path = where if where.startswith(("http://", "https://")) else \
         "/v1/dumps/" + urllib.parse.quote(dump_id, safe="")  # relative to --url (it may be mounted)
     body = download(client, path, args.format)
-    write_bytes_atomic(body, args.output)
+    write_output(body, args.output)
+    # with -o -, standard output is the dump alone: the note goes to stderr
+    note = sys.stderr if args.output == STDOUT else sys.stdout
     if args.format == "pprof":
-        print(f"wrote {args.output}: dump {dump_id}, {len(body)} bytes, pprof (go tool pprof {args.output})")
+        print(f"wrote {shown(args.output)}: dump {dump_id}, {len(body)} bytes, pprof"
+              + ("" if args.output == STDOUT else f" (go tool pprof {args.output})"), file=note)
         return 0
     doc = json.loads(body)
     frames = len(doc.get("shared", {}).get("frames", [])) if isinstance(doc, dict) else 0
-    print(f"wrote {args.output}: dump {dump_id}, {len(body)} bytes, {frames} frames "
-          f"(open it at https://www.speedscope.app)")
+    print(f"wrote {shown(args.output)}: dump {dump_id}, {len(body)} bytes, {frames} frames "
+          f"(open it at https://www.speedscope.app)", file=note)
     return 0

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import urllib.parse
 from typing import Any
 
-from ..files import write_bytes_atomic
 from ..http.guards import HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP
 from ..units import format_bytes
 from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
+from ._output import STDOUT, check_output, shown, write_output
 from .dump import add_format_argument, download
 
 ANSWER_MARGIN_S = 60.0  # after the traced seconds: two snapshots, the diff and the stored file
@@ -31,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracebacks", action="store_true", help="print each site's traceback too")
     p.add_argument("--json", action="store_true", help="print the endpoint's JSON answer as it is")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
-                   help="also download the flame graph of the growth to FILE")
+                   help="also download the flame graph of the growth to FILE (- for standard output: "
+                        "the report then goes to stderr)")
     add_format_argument(p)
 
 
@@ -74,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     _check("seconds", args.seconds, HEAP_SECONDS)
     _check("top", args.top, HEAP_TOP)
     _check("frames", args.frames, HEAP_FRAMES)
+    if args.format == "pprof" and not args.output:  # a binary file, for a file or a pipe: not printed
+        raise CommandError("--format pprof needs -o FILE (or -o - for standard output)", EXIT_USAGE)
+    if args.output == STDOUT and args.json:
+        raise CommandError("--json and -o - would both write to standard output: pick one", EXIT_USAGE)
+    if args.output:
+        check_output(args.output)
     client = Client(args.url, args.token)
     doc = client.json("POST", "/v1/heap", body={"seconds": args.seconds, "top": args.top, "frames": args.frames},
                       timeout=args.seconds + ANSWER_MARGIN_S)
@@ -84,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
         if not dump:
             raise CommandError(f"the endpoint could not store the speedscope file: {doc.get('dump_error')}")
         body = download(client, "/v1/dumps/" + urllib.parse.quote(dump["id"], safe=""), args.format)
-        write_bytes_atomic(body, args.output)
-    print(json.dumps(doc, indent=2) if args.json else render(doc, args.tracebacks))
+        write_output(body, args.output)
+    # with -o -, standard output is the flame graph alone: the report goes to stderr
+    report = sys.stderr if args.output == STDOUT else sys.stdout
+    print(json.dumps(doc, indent=2) if args.json else render(doc, args.tracebacks), file=report)
     if args.output and not args.json:
-        print(f"wrote {args.output} (" + (f"go tool pprof {args.output}" if args.format == "pprof"
-                                          else "open it at https://www.speedscope.app") + ")")
+        hint = "" if args.output == STDOUT else (f" (go tool pprof {args.output})" if args.format == "pprof"
+                                                 else " (open it at https://www.speedscope.app)")
+        print(f"wrote {shown(args.output)}{hint}", file=report)
     return 0

@@ -461,3 +461,134 @@ def test_monitor_shows_alert_values_in_their_metrics_units() -> None:
 def test_monitor_an_unreachable_url_is_one_line_exit_1() -> None:
     (port,) = free_ports(1)
     assert_one_line_error(cli("monitor", "--url", f"http://127.0.0.1:{port}", "--once"), 1, "cannot reach")
+
+
+# ---------------------------------------------------------------- --url and -o, checked before any request
+
+@pytest.mark.parametrize("url, what", [
+    ("http://127.0.0.1:abc", "port must be a number"), ("http://a b:1", "space"), ("http://127.0.0.1:1/a b", "space"), ("http://[::1", "IPv6"),
+    ("http://127.0.0.1:99999", "port must be a number"), ("ftp://127.0.0.1:1", "scheme must be http or https"),
+    ("http://:9464", "no host"), ("127.0.0.1:9464", "no http://"),
+])
+@pytest.mark.parametrize("command", ["dump", "heap", "advise"])
+def test_a_malformed_url_is_one_line_exit_2_naming_what_is_wrong(tmp_path: Path, command: str, url: str,
+                                                                 what: str) -> None:
+    extra = {"dump": ["-o", str(tmp_path / "x.json")], "heap": ["--seconds", "1"], "advise": []}[command]
+    proc = cli(command, "--url", url, *extra)
+    assert_one_line_error(proc, 2, "--url", what)
+    assert "unexpected" not in proc.stderr and not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("command", ["dump", "heap", "monitor", "advise", "headroom"])
+def test_a_password_in_the_url_is_never_printed(tmp_path: Path, command: str) -> None:
+    (port,) = free_ports(1)
+    extra = {"dump": ["-o", str(tmp_path / "x.json"), "--timeout", "2"], "heap": ["--seconds", "1"],
+             "monitor": ["--once"]}.get(command, [])
+    # an unreachable endpoint (exit 1) and a malformed one (exit 2) both echo the URL
+    proc = cli(command, "--url", f"http://alice:pa55word@127.0.0.1:{port}", *extra)
+    assert_one_line_error(proc, 1, "cannot reach", f"http://***@127.0.0.1:{port}")
+    proc = cli(command, "--url", "http://alice:pa55word@127.0.0.1:abc/", *extra)
+    assert_one_line_error(proc, 2, "--url", "http://***@127.0.0.1:abc")
+    assert "pa55word" not in proc.stdout + proc.stderr
+
+
+def test_credentials_in_the_url_are_sent_as_basic_auth_not_as_the_host() -> None:
+    import base64
+    import http.server
+
+    seen: list[str] = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            seen.append(self.headers.get("Authorization", ""))
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        proc = cli("advise", "--url", f"http://alice:pa55word@127.0.0.1:{port}")
+        assert_one_line_error(proc, 2, "HTTP 404", f"http://***@127.0.0.1:{port}/v1/advice")
+        assert "pa55word" not in proc.stderr
+        assert seen == ["Basic " + base64.b64encode(b"alice:pa55word").decode()]
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.parametrize("command", ["dump", "heap"])
+def test_the_output_path_is_checked_before_any_request(tmp_path: Path, command: str) -> None:
+    # GIVEN an unreachable endpoint: had the command called it first, it would exit 1 "cannot reach"
+    (port,) = free_ports(1)
+    base = [command, "--url", f"http://127.0.0.1:{port}"] + (["--seconds", "1"] if command == "heap" else [])
+    assert_one_line_error(cli(*base, "-o", str(tmp_path / "missing" / "x.json")), 2, "does not exist")
+    assert_one_line_error(cli(*base, "-o", str(tmp_path)), 2, str(tmp_path), "is a folder")
+    assert_one_line_error(cli(*base, "-o", f"{tmp_path}/"), 2, "is a folder")
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert_one_line_error(cli(*base, "-o", str(locked / "x.json")), 2, "not writable")
+
+
+def test_heap_pprof_without_an_output_is_an_argument_error() -> None:
+    (port,) = free_ports(1)
+    proc = cli("heap", "--url", f"http://127.0.0.1:{port}", "--seconds", "1", "--format", "pprof")
+    assert_one_line_error(proc, 2, "--format pprof needs -o")
+
+
+def _cli_bytes(*args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    return subprocess.run([sys.executable, "-m", "memprof_otel.cli", *args], capture_output=True,
+                          timeout=120, env=env, cwd=REPO)
+
+
+@pytest.mark.timeout(180)
+def test_dump_and_heap_write_to_standard_output_with_dash(live: tuple[str, Path]) -> None:
+    import gzip
+
+    url = live[0]
+    proc = _cli_bytes("dump", "--url", url, "--token", TOKEN, "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    validate_speedscope(json.loads(proc.stdout))  # the dump alone on stdout
+    assert b"wrote standard output" in proc.stderr
+    proc = _cli_bytes("dump", "--url", url, "--token", TOKEN, "-o", "-", "--format", "pprof")
+    assert proc.returncode == 0, proc.stderr
+    assert gzip.decompress(proc.stdout)  # binary-safe
+    proc = _cli_bytes("heap", "--url", url, "--token", TOKEN, "--seconds", "1", "-o", "-")
+    assert proc.returncode == 0, proc.stderr
+    validate_speedscope(json.loads(proc.stdout))
+    assert b"Python heap growth" in proc.stderr  # the report moves to stderr
+
+
+@pytest.mark.timeout(180)
+def test_dump_writes_through_a_device_a_fifo_or_a_symlink(live: tuple[str, Path], tmp_path: Path) -> None:
+    url = live[0]
+    # a symlink to a device stays a symlink (the rename used to replace it with a regular file)
+    to_null = tmp_path / "null"
+    to_null.symlink_to("/dev/null")
+    assert cli("dump", "--url", url, "--token", TOKEN, "-o", str(to_null)).returncode == 0
+    assert to_null.is_symlink() and os.readlink(to_null) == "/dev/null"
+    # a symlink to a regular file stays a symlink; its target gets the dump
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert cli("dump", "--url", url, "--token", TOKEN, "-o", str(link)).returncode == 0
+    assert link.is_symlink()
+    validate_speedscope(json.loads(target.read_text()))
+    # a FIFO: its reader gets the dump
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    proc = cli("dump", "--url", url, "--token", TOKEN, "-o", str(fifo))
+    assert proc.returncode == 0, proc.stderr
+    reader.join(30)
+    if reader.is_alive():  # unblock the reader's open() before failing
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert got and fifo.is_fifo()
+    validate_speedscope(json.loads(got[0]))
