@@ -10,12 +10,13 @@ OOM flight records (kind ``oom``, see ``PROTECTED_KINDS``) rotate apart from on-
 their own count (``max_oom_files``): no number of on-demand dumps can evict the record of a crash.
 
 Files are named ``<id>.<kind>.json`` with ``id = YYYYmmddTHHMMSSZ-<model>-<8 hex>``. An id coming
-from a request is checked against a strict pattern and the file it names must resolve inside the
-folder, so no id can reach a path outside it. Other files in the folder are never listed, read or
+from a request is checked against a strict pattern and must hold a real date and time; the file it
+names must resolve inside the folder, so no id can reach a path outside it. Other files in the folder are never listed, read or
 removed.
 """
 from __future__ import annotations
 
+import datetime
 import errno
 import json
 import logging
@@ -68,6 +69,19 @@ def sanitize_model(model: str) -> str:
 def make_id(now: float, model: str, token: str) -> str:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
     return f"{stamp}-{sanitize_model(model)}-{token}"
+
+
+def is_dump_id(dump_id: object) -> bool:
+    """Whether ``dump_id`` is one ``make_id`` can write: the pattern, and a real UTC date and time
+    (``20991327T999999Z-...`` matches the pattern only)."""
+    if not isinstance(dump_id, str) or not ID_RE.fullmatch(dump_id):
+        return False
+    d = dump_id
+    try:
+        datetime.datetime(int(d[0:4]), int(d[4:6]), int(d[6:8]), int(d[9:11]), int(d[11:13]), int(d[13:15]))
+    except ValueError:
+        return False
+    return True
 
 
 def _model_of(dump_id: str) -> str:
@@ -210,7 +224,7 @@ class DumpStore:
 
     def owns(self, dump_id: str) -> bool:
         """True when this process wrote the dump (and it is still there): rotation may remove it."""
-        found = self._find(dump_id) if isinstance(dump_id, str) and ID_RE.fullmatch(dump_id) else None
+        found = self._find(dump_id) if is_dump_id(dump_id) else None
         return found is not None and found.name in _WRITTEN.names(self.dir)
 
     def _rotate(self, keep: str, protected: bool = False) -> None:
@@ -273,7 +287,7 @@ class DumpStore:
             return out
         for e in entries:
             m = _FILE_RE.fullmatch(e.name)
-            if not m:
+            if not m or not is_dump_id(m["id"]):
                 continue
             try:
                 if not e.is_file(follow_symlinks=False):
@@ -302,8 +316,9 @@ class DumpStore:
     def path_for(self, dump_id: str) -> Path:
         """The file of a dump. ``InvalidDumpId`` for a malformed id or one resolving outside the
         folder (a symlink), ``DumpNotFound`` when there is no such dump."""
-        if not isinstance(dump_id, str) or not ID_RE.fullmatch(dump_id):
-            raise InvalidDumpId(f"not a dump id: {dump_id!r}")
+        if not is_dump_id(dump_id):
+            shown = repr(dump_id)
+            raise InvalidDumpId(f"not a dump id: {shown if len(shown) <= 40 else shown[:40] + '...'}")
         found = self._find(dump_id)
         if found is None:
             raise DumpNotFound(f"no dump {dump_id}")

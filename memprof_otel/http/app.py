@@ -28,10 +28,11 @@ from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, pa
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
-from ..dumps.flame import flame_from_speedscope
+from ..dumps.flame import MalformedDump, flame_from_stored
 from ..dumps.heap_session import HeapProfiler
 from ..dumps.pprof import build_pprof
 from ..dumps.service import DumpService
+from ..dumps.store import is_dump_id
 from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import ScrapeSource, count_samples, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
@@ -51,6 +52,19 @@ MAX_SHAPE_FEATURES = 6  # the memory model's own bound (capacity.shapes.MAX_FEAT
 MAX_SHAPE_VALUE = 1 << 30
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
+DUMP_ROUTE = "/v1/dumps/{id}"
+# the query parameters each route takes (the OpenAPI document lists the same): any other name is a
+# 400 naming it, so a typo (forward=5) is never silently ignored. Routes left out take any query:
+# /metrics, /healthz and /openapi.json (scrapers, probes and cache-busters add their own),
+# /v1/headroom (every name is a shape feature) and POST /v1/heap (refuses any query itself).
+QUERY_PARAMETERS: dict[tuple[str, str], frozenset[str]] = {
+    ("GET", "/v1/status"): frozenset(), ("GET", "/v1/alerts"): frozenset(),
+    ("GET", "/v1/layers"): frozenset({"model"}), ("GET", "/v1/timeline"): frozenset({"since", "limit", "cursor"}),
+    ("GET", "/v1/leaks"): frozenset({"top"}), ("GET", "/v1/advice"): frozenset({"model", "min_severity"}),
+    ("GET", "/v1/watchdog/rules"): frozenset(), ("PUT", "/v1/watchdog/rules"): frozenset(),
+    ("GET", "/v1/dumps"): frozenset(), ("POST", "/v1/dumps"): frozenset({"kind", "forwards", "timeout", "model", "wait"}),
+    ("GET", DUMP_ROUTE): frozenset({"wait", "format"}),
+}
 # gzip level of /metrics: 1 (fastest), as Go's promhttp. Level 9 makes a 1,000-layer scrape 16 %
 # smaller still, for 7x the compression time on the model's process (docs/benchmarks.md)
 GZIP_LEVEL = 1
@@ -317,10 +331,11 @@ class Endpoint:
         if method == "HEAD":
             method = "GET"
         arg = ""
+        route = path
         handler: Handler | None = self._routes.get((method, path))
         allowed = sorted(m for (m, p) in self._routes if p == path)
         if path.startswith("/v1/dumps/"):  # any rest, even "../x" decoded from %2F: the id check rejects it
-            arg, allowed = path[len("/v1/dumps/"):], ["GET"]
+            arg, allowed, route = path[len("/v1/dumps/"):], ["GET"], DUMP_ROUTE
             handler = self.get_dump if method == "GET" else None
         if handler is None:
             if allowed and method == "OPTIONS" and "origin" in req.headers:
@@ -341,6 +356,13 @@ class Endpoint:
             q = parse_qs(req.query, keep_blank_values=True, strict_parsing=False, max_num_fields=50)
         except ValueError as e:
             raise HttpError(400, "bad_query", str(e)) from None
+        known = QUERY_PARAMETERS.get((method, route))
+        if known is not None:
+            unknown = sorted(set(q) - known)
+            if unknown:
+                takes = f"takes {', '.join(sorted(known))}" if known else "takes no query parameters"
+                raise HttpError(400, "bad_parameter", f"unknown query parameter {_shown(unknown[0])}; "
+                                f"{method} {route} {takes}")
         return handler(req, q, arg)
 
     def _check_host(self, req: Request) -> None:
@@ -600,11 +622,16 @@ class Endpoint:
             raise HttpError(400, "bad_parameter", f"format must be one of {', '.join(DUMP_FORMATS)}, "
                                                   f"got {_shown(fmt)}")
         if JOB_ID_RE.fullmatch(dump_id):
+            if "format" in q:  # a request's status is JSON; its dump's url is where a format applies
+                raise HttpError(400, "bad_parameter", f"format applies to dump ids, not to the request {dump_id}: "
+                                "download the dump at the `dump.url` of the complete request")
             job = self.rt.dump_service.jobs.get(dump_id)
             if job is None:
                 raise HttpError(404, "job_not_found", f"no dump request {dump_id} (the last "
                                 f"{self.rt.dump_service.jobs.max_finished} finished ones are kept)")
             return self._job_response(job, wait or 0.0, failure_is_error=False)
+        if not is_dump_id(dump_id):  # checked here too, to echo the id cut short
+            raise HttpError(400, "bad_dump_id", f"not a dump id nor a request id: {_shown(dump_id)}")
         try:
             body = self.rt.dump_service.store.read(dump_id)
         except InvalidDumpId as e:
@@ -613,10 +640,14 @@ class Endpoint:
             raise HttpError(404, "dump_not_found", str(e)) from None
         if fmt == "pprof":
             try:
-                pprof = build_pprof(flame_from_speedscope(json.loads(body)))
-            except (ValueError, UnicodeDecodeError) as e:  # an OOM record, a CUDA snapshot: no flame graph
+                flame = flame_from_stored(body)  # every check of the stored bytes is made there
+            except MalformedDump as e:  # broken, or written so by another process sharing the folder
+                raise HttpError(422, "malformed_dump", f"the stored dump {dump_id} is malformed, so it has "
+                                f"no pprof form: {str(e)[:200]}") from None
+            except ValueError as e:  # an OOM record, a CUDA snapshot: no flame graph
                 raise HttpError(400, "bad_parameter", f"dump {dump_id} is not a flame graph, so it has no "
                                                       f"pprof form ({e}); format=speedscope downloads it") from None
+            pprof = build_pprof(flame)
             return Response(200, pprof, "application/octet-stream",
                             {"Content-Disposition": f'attachment; filename="{dump_id}.pb.gz"'})
         return Response(200, body, JSON, {"Content-Disposition": f'attachment; filename="{dump_id}.json"'})

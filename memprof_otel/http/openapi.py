@@ -267,6 +267,7 @@ def _schemas() -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     auth = {"401": "missing or wrong bearer token", "403": "Host not this endpoint's"}
+    no_query = {"400": "a query parameter: this route takes none"}
     mutating = {"403": "no token on a non-loopback bind, a foreign Origin, or a Host not this endpoint's",
                 "415": "Content-Type is not application/json"}
     rules_body = {"required": True, "content": {"application/json": {"schema": {
@@ -283,7 +284,7 @@ def openapi_document() -> dict[str, Any]:
                     "with the request (202, Location: its status) unless `wait` lets it finish (200)", {
                         "200": "finished within wait: the request, complete, with the stored dump",
                         "202": "pending: poll the Location (GET /v1/dumps/{id})",
-                        "400": "bad parameter", "404": "unknown model", "409": "another capture runs on the model, or its backend gives no memory figures on its device",
+                        "400": "bad or unknown query parameter (named)", "404": "unknown model", "409": "another capture runs on the model, or its backend gives no memory figures on its device",
                         "500": "failed within wait: unexpected error", "504": "failed within wait: no forward in time",
                         "507": "failed within wait: dump could not be stored", **auth, **mutating}, [
         _q("kind", {"type": "string", "enum": ["speedscope"]}, "dump format"),
@@ -298,8 +299,12 @@ def openapi_document() -> dict[str, Any]:
                    "oom / cuda_snapshot JSON)", {
                        "200": "a request that finished (complete or failed), or the stored dump's file",
                        "202": "a request still pending",
-                       "400": "malformed id, bad wait or format, or format=pprof of a dump that is no flame graph",
-                       "404": "no such request or dump", **auth},
+                       "400": "malformed id (a date that does not exist included) or one not UTF-8, bad or "
+                              "unknown query parameter, format on a request id (formats apply to dump ids), "
+                              "or format=pprof of a dump that is no flame graph",
+                       "404": "no such request or dump",
+                       "422": "format=pprof of a stored dump that is malformed (not JSON, nested too deep, a "
+                              "frame index out of range, a negative weight)", **auth},
                    [{"name": "id", "in": "path", "required": True,
                      "schema": {"type": "string", "maxLength": 80},
                      "description": "a request id (job-...) or a dump id"}, wait,
@@ -323,23 +328,23 @@ def openapi_document() -> dict[str, Any]:
                                     {"200": "ok", "403": "Host not this endpoint's", "503": "sampler down or stale"},
                                     public=True, schema=_ref("Health"))},
             "/v1/status": {"get": _op("version, instrumented models, sources up/down, config in force",
-                                      {"200": "status", **auth}, schema=_ref("Status"))},
-            "/v1/layers": {"get": _op("layer stats", {"200": "layers", "400": "bad parameter", "404": "unknown model",
+                                      {"200": "status", **no_query, **auth}, schema=_ref("Status"))},
+            "/v1/layers": {"get": _op("layer stats", {"200": "layers", "400": "bad or unknown parameter", "404": "unknown model",
                                                       **auth},
                                       [_q("model", {"type": "string", "maxLength": 256},
                                           "model name (all models when absent)")], schema=_ref("Layers"))},
             "/v1/timeline": {"get": _op("samples and operations, one page at a time",
-                                        {"200": "one page", "400": "bad since, limit or cursor", **auth}, [
+                                        {"200": "one page", "400": "bad since, limit or cursor, or an unknown parameter", **auth}, [
                 _q("since", {"type": "number", "minimum": 0, "maximum": 315360000}, "seconds back from now"),
                 _q("limit", {"type": "integer", "minimum": 1, "maximum": TIMELINE_MAX_LIMIT,
                              "default": TIMELINE_DEFAULT_LIMIT}, "at most this many samples, and as many operations"),
                 _q("cursor", {"type": "string", "maxLength": 256}, "`next` or `resume` of an earlier page")],
                 schema=_ref("Timeline"))},
-            "/v1/alerts": {"get": _op("alerts: pending / firing / resolved, since, value", {"200": "alerts", **auth},
+            "/v1/alerts": {"get": _op("alerts: pending / firing / resolved, since, value", {"200": "alerts", **no_query, **auth},
                                       schema=_ref("Alerts"))},
             "/v1/leaks": {"get": _op("leak suspects (process, allocators, layers), the trend of every series "
                                      "watched with the window it was measured over, and the layers with "
-                                     "the most surviving bytes", {"200": "leaks", "400": "bad parameter", **auth},
+                                     "the most surviving bytes", {"200": "leaks", "400": "bad or unknown parameter", **auth},
                                      [_q("top", {"type": "integer", "minimum": 1, "maximum": LEAKS_MAX_TOP,
                                                  "default": LEAKS_DEFAULT_TOP},
                                          "surviving layers listed")], schema=_ref("Leaks"))},
@@ -358,18 +363,18 @@ def openapi_document() -> dict[str, Any]:
                 "advice over what was measured: each item names the figures that triggered it, what to do "
                 "and its docs; nothing is changed for you", {
                     "200": "the advice (an empty list with notes before any data)",
-                    "400": "bad parameter (min_severity)", "404": "unknown model", **auth}, [
+                    "400": "bad parameter (min_severity) or an unknown one", "404": "unknown model", **auth}, [
                     _q("model", {"type": "string", "maxLength": 256},
                        "only the advice about this model, the device it runs on, and the process"),
                     _q("min_severity", {"type": "string", "enum": list(SEVERITIES), "default": SEVERITIES[0]},
                        "leave out advice below this severity")], schema=_ref("AdviceReport"))},
             "/v1/watchdog/rules": {
-                "get": _op("the threshold rules in force", {"200": "rules", **auth}, schema=_ref("Rules")),
-                "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule",
+                "get": _op("the threshold rules in force", {"200": "rules", **no_query, **auth}, schema=_ref("Rules")),
+                "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule, or a query parameter",
                                                            "413": "body too large", **auth, **mutating},
                            body=rules_body, schema=_ref("Rules"))},
             "/v1/dumps": {
-                "get": _op("stored dumps", {"200": "dumps", **auth}, schema=_ref("Dumps")),
+                "get": _op("stored dumps", {"200": "dumps", **no_query, **auth}, schema=_ref("Dumps")),
                 "post": dump_post},
             "/v1/heap": {"post": _op(
                 "trace the Python heap (tracemalloc) for some seconds; the top growing allocation sites", {

@@ -49,8 +49,17 @@ def _too_large(limit: int) -> Response:
     return error_response(413, "body_too_large", f"request body over {limit} bytes")
 
 
+class BodyIncomplete(Exception):
+    """The client ended its side of the connection before sending all of its Content-Length."""
+
+
+def _body_incomplete() -> Response:
+    return error_response(400, "body_incomplete", "the request body did not arrive in full")
+
+
 def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> bytes | None:
-    """The body, or None when its Content-Length is over ``limit`` (nothing is read then)."""
+    """The body, or None when its Content-Length is over ``limit`` (nothing is read then).
+    ``BodyIncomplete`` when fewer bytes arrive than announced (the client half-closed)."""
     if length:
         try:
             n = int(length)
@@ -58,8 +67,20 @@ def _read_body(read: Callable[[int], bytes], length: str | None, limit: int) -> 
             n = -1
         if n < 0 or n > limit:
             return None
-        return read(n) if n else b""
+        body = read(n) if n else b""
+        if len(body) != n:  # a buffered read returns less only at end of stream
+            raise BodyIncomplete(f"{len(body)} of {n} bytes")
+        return body
     return b""
+
+
+def _utf8_path(path: str) -> str | None:
+    """PATH_INFO as the client wrote it: WSGI servers decode the path's %-escapes as latin-1 (PEP
+    3333); the URL's bytes are UTF-8. None when they are not."""
+    try:
+        return path.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return None
 
 
 def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
@@ -67,13 +88,18 @@ def _wsgi_response(endpoint: Endpoint, environ: dict[str, Any]) -> Response:
         body = _read_body(environ["wsgi.input"].read, environ.get("CONTENT_LENGTH"), endpoint.max_body_bytes)
     except OSError as e:  # the client stopped sending (socket timeout) or went away
         environ[BODY_ERROR_KEY] = e
-        return error_response(400, "body_incomplete", "the request body did not arrive in full")
+        return _body_incomplete()
+    except BodyIncomplete:  # the client half-closed early: answered, nothing runs on a partial body
+        return _body_incomplete()
     if body is None:
         return _too_large(endpoint.max_body_bytes)
+    path = _utf8_path(environ.get("PATH_INFO", "/"))
+    if path is None:
+        return error_response(400, "bad_path", "the request path is not UTF-8 once its %-escapes are decoded")
     headers = {k[5:].replace("_", "-").lower(): v for k, v in environ.items() if k.startswith("HTTP_")}
     if environ.get("CONTENT_TYPE"):
         headers["content-type"] = environ["CONTENT_TYPE"]
-    return endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/"),
+    return endpoint.handle(Request(environ.get("REQUEST_METHOD", "GET"), path,
                                    environ.get("QUERY_STRING", ""), headers, body, environ.get("REMOTE_ADDR", "")))
 
 
@@ -126,11 +152,15 @@ def asgi_app(rt: EndpointServices, token: str | None = None, *,
             more = True
             while more:
                 msg = await receive()
+                if msg.get("type") == "http.disconnect":  # gone before its body was in: nothing to run
+                    return
                 body += msg.get("body", b"")
                 more = msg.get("more_body", False)
                 if len(body) > limit:
                     resp = _too_large(limit)
                     break
+        if resp is None and length is not None and len(body) != int(length):
+            resp = _body_incomplete()
         if resp is None:
             client = (scope.get("client") or ("", 0))[0]
             path = scope.get("path", "/")

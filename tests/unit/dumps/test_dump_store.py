@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, default_dir, make_id, sanitize_model
+from memprof_otel.dumps.store import ID_RE, DumpInfo, DumpStore, default_dir, is_dump_id, make_id, sanitize_model
 from memprof_otel.errors import DumpNotFound, InvalidDumpId, MemprofError
 from memprof_otel.errors import ExportError
 
@@ -385,3 +385,26 @@ def test_a_private_store_refuses_a_folder_open_to_others_or_a_symlink(tmp_path):
     assert list(real.iterdir()) == []
     assert DumpStore(tmp_path / "fresh", 5, 1000, private=True).save(b"{}").path.exists()
     assert DumpStore(opened, 5, 1000).save(b"{}").path.exists()  # an explicit folder is the user's call
+
+
+@pytest.mark.parametrize("dump_id", ["20991327T999999Z-x-00000000", "20250230T000000Z-x-00000000",
+                                     "20250101T240000Z-x-00000000", "20250101T000060Z-x-00000000",
+                                     "00000101T000000Z-x-00000000"])
+def test_an_id_whose_date_does_not_exist_is_invalid_and_never_listed(tmp_path, dump_id):
+    assert ID_RE.fullmatch(dump_id) and not is_dump_id(dump_id)
+    store = DumpStore(tmp_path)
+    (tmp_path / f"{dump_id}.speedscope.json").write_bytes(b"{}")
+    with pytest.raises(InvalidDumpId):
+        store.read(dump_id)
+    assert store.list() == []
+
+
+def test_every_id_make_id_writes_is_valid():
+    for t in (0.0, T0, 4102444799.0):
+        assert is_dump_id(make_id(t, "m", "0123abcd"))
+
+
+def test_a_malformed_id_is_not_echoed_in_full(tmp_path):
+    with pytest.raises(InvalidDumpId) as e:
+        DumpStore(tmp_path).read("x" * 20_000)
+    assert len(str(e.value)) < 100

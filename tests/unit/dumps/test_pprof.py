@@ -2,12 +2,13 @@
 stacks (leaf first), frame lines, labels and times land in the Profile as built."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from memprof_otel.dumps.flame import Flame, flame_from_speedscope
+from memprof_otel.dumps.flame import Flame, MalformedDump, NotAFlame, flame_from_speedscope, flame_from_stored
 from memprof_otel.dumps.pprof import MESSAGES, build_pprof, file_descriptor, is_pprof_path, parse_pprof
 from memprof_otel.dumps.speedscope import build_speedscope
 
@@ -67,6 +68,37 @@ def test_stored_speedscope_round_trips_to_the_same_flame():
     assert old.sample_types == (("space", "bytes"),) and old.values == ((300,), (8,))
     with pytest.raises(ValueError):
         flame_from_speedscope({"type": "oom", "layer": "x"})
+
+
+def _doc(samples, weights, frames=({"name": "a"}, {"name": "b"})):
+    return {"shared": {"frames": list(frames)},
+            "profiles": [{"type": "sampled", "unit": "bytes", "samples": samples, "weights": weights}]}
+
+
+@pytest.mark.parametrize("doc", [
+    _doc([[0, -1]], [1]), _doc([[2]], [1]), _doc([[0]], [-1]), _doc([[0]], [1 << 63]), _doc([[0]], [True]),
+    _doc([[0.0]], [1]), _doc([0], [1]), _doc([[0]], [1, 2]), _doc([[0]], [1], frames=({"name": 5},)),
+    _doc([[0]], [1], frames=("a",)), {"profiles": [{"type": "sampled", "samples": [], "weights": []}]},
+    {**_doc([[0]], [1]), "memprof_otel": {"pprof": {"sample_types": [["s", "b"], ["c", "n"]], "more_values": [7]}}},
+    {**_doc([[0]], [1]), "memprof_otel": {"pprof": {"sample_types": [["s", "b"], ["c", "n"]], "more_values": [[-1]]}}},
+    {**_doc([[0]], [1]), "memprof_otel": {"pprof": {"sample_types": [], "more_values": [[]]}}},
+], ids=lambda d: json.dumps(d)[-60:])
+def test_a_malformed_stored_document_is_refused_by_name(doc):
+    with pytest.raises(MalformedDump):
+        flame_from_stored(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000 + b"]" * 100_000, b"\xff", b"{", b""])
+def test_stored_bytes_that_are_not_json_are_malformed(body):
+    with pytest.raises(MalformedDump):
+        flame_from_stored(body)
+
+
+def test_other_dumps_are_not_flames_and_good_ones_convert():
+    with pytest.raises(NotAFlame):
+        flame_from_stored(b'{"type": "oom", "layer": "x"}')
+    flame = flame_from_stored(json.dumps(_doc([[0, 1], [1]], [5, 0])).encode())
+    assert flame.stacks == (("a", "b"), ("b",)) and flame.values == ((5,), (0,))
 
 
 def test_pprof_paths():
