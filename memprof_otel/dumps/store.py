@@ -309,16 +309,27 @@ class DumpStore:
                 return self.dir / name
         return None
 
+    def _check_readable(self) -> None:
+        """A private folder that is no longer private is refused for reading as for writing: anyone
+        who could write in it (or made it first, under the predictable default name) could plant
+        files this process would list and serve as its own dumps. No folder yet: nothing to read."""
+        if self.private and os.path.lexists(self.dir):
+            self._check_private()
+
     def list(self) -> list[DumpInfo]:
-        """Stored dumps, newest first (regular files named like ours; anything else is ignored)."""
+        """Stored dumps, newest first (regular files named like ours; anything else is ignored).
+        ``ExportError`` when a private folder is not private."""
+        self._check_readable()
         return sorted(self._scan(), key=lambda i: (i.created, i.id), reverse=True)
 
     def path_for(self, dump_id: str) -> Path:
         """The file of a dump. ``InvalidDumpId`` for a malformed id or one resolving outside the
-        folder (a symlink), ``DumpNotFound`` when there is no such dump."""
+        folder (a symlink), ``DumpNotFound`` when there is no such dump, ``ExportError`` when a
+        private folder is not private."""
         if not is_dump_id(dump_id):
             shown = repr(dump_id)
             raise InvalidDumpId(f"not a dump id: {shown if len(shown) <= 40 else shown[:40] + '...'}")
+        self._check_readable()
         found = self._find(dump_id)
         if found is None:
             raise DumpNotFound(f"no dump {dump_id}")

@@ -25,7 +25,7 @@ from .._log import rate_limited
 from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
-from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
+from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.flame import MalformedDump, flame_from_stored
@@ -611,7 +611,11 @@ class Endpoint:
         return json_response(200, result.to_dict(self.base_url))
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
-        return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in self.rt.dump_service.store.list()]})
+        try:
+            dumps = self.rt.dump_service.store.list()
+        except ExportError as e:
+            raise HttpError(503, "dump_folder_unusable", str(e)) from None
+        return json_response(200, {"dumps": [d.to_dict(self.base_url) for d in dumps]})
 
     def get_dump(self, req: Request, q: Mapping[str, list[str]], dump_id: str) -> Response:
         """A job id (``job-...``): the request's status (202 pending, 200 complete or failed;
@@ -638,6 +642,8 @@ class Endpoint:
             raise HttpError(400, "bad_dump_id", str(e)) from None
         except DumpNotFound as e:
             raise HttpError(404, "dump_not_found", str(e)) from None
+        except ExportError as e:  # the folder is no longer private, or the file cannot be read
+            raise HttpError(503, "dump_folder_unusable", str(e)) from None
         if fmt == "pprof":
             try:
                 flame = flame_from_stored(body)  # every check of the stored bytes is made there

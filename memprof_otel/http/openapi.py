@@ -304,7 +304,9 @@ def openapi_document() -> dict[str, Any]:
                               "or format=pprof of a dump that is no flame graph",
                        "404": "no such request or dump",
                        "422": "format=pprof of a stored dump that is malformed (not JSON, nested too deep, a "
-                              "frame index out of range, a negative weight)", **auth},
+                              "frame index out of range, a negative weight)",
+                       "503": "the process's own dump folder is not private, or the dump cannot be read: "
+                              "nothing is served", **auth},
                    [{"name": "id", "in": "path", "required": True,
                      "schema": {"type": "string", "maxLength": 80},
                      "description": "a request id (job-...) or a dump id"}, wait,
@@ -374,7 +376,10 @@ def openapi_document() -> dict[str, Any]:
                                                            "413": "body too large", **auth, **mutating},
                            body=rules_body, schema=_ref("Rules"))},
             "/v1/dumps": {
-                "get": _op("stored dumps", {"200": "dumps", **no_query, **auth}, schema=_ref("Dumps")),
+                "get": _op("stored dumps", {"200": "dumps", **no_query, **auth,
+                                            "503": "the process's own dump folder is not private (another "
+                                                   "user's, open to others, or a symlink): nothing is listed"},
+                           schema=_ref("Dumps")),
                 "post": dump_post},
             "/v1/heap": {"post": _op(
                 "trace the Python heap (tracemalloc) for some seconds; the top growing allocation sites", {

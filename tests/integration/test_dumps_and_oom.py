@@ -4,6 +4,7 @@ a dump folder that cannot be written."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from torch import nn
 import memprof_otel as mp
 from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
 from memprof_otel.attribution.torch import hooks
+from memprof_otel.runtime import runtime
 from tests.schemas import speedscope_validator
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
@@ -299,3 +301,26 @@ def test_unwritable_dump_dir_is_507_and_counted_and_inference_unaffected(tmp_pat
     assert delta(dumps_total(c), before) == {("speedscope", "error"): 1}
     assert c.get("/v1/dumps").json() == {"dumps": []}
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+def test_the_default_dump_folder_opened_to_others_is_neither_listed_nor_served(tmp_path):
+    mp.start_monitoring({"sampler": {"interval": "50ms"}})  # dumps.dir unset: the private default folder
+    srv = mp.serve(port=0)
+    c = httpx.Client(base_url=srv.url, timeout=60, headers=JSON_HEADERS)
+    model = Known()
+    mp.instrument(model, name="known")
+    with Traffic(model):
+        r = c.post("/v1/dumps", params={"timeout": 10, "wait": 30})
+    assert r.status_code == 200, r.text
+    dump_id = r.json()["dump"]["id"]
+    folder = runtime().dump_service.store.dir
+    try:
+        folder.chmod(0o777)  # a folder anyone may now write files into, for us to serve as ours
+        for path in ("/v1/dumps", f"/v1/dumps/{dump_id}"):
+            r = c.get(path)
+            assert r.status_code == 503 and r.headers["content-type"].startswith("application/json"), path
+            assert r.json()["error"] == "dump_folder_unusable" and "not a private folder" in r.json()["detail"]
+    finally:
+        folder.chmod(0o700)
+    assert c.get(f"/v1/dumps/{dump_id}").status_code == 200

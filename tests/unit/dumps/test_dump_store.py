@@ -387,6 +387,22 @@ def test_a_private_store_refuses_a_folder_open_to_others_or_a_symlink(tmp_path):
     assert DumpStore(opened, 5, 1000).save(b"{}").path.exists()  # an explicit folder is the user's call
 
 
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX owners and modes")
+def test_a_private_store_whose_folder_was_opened_lists_and_serves_nothing(tmp_path):
+    folder = tmp_path / "own"
+    store = DumpStore(folder, 5, 1000, private=True)
+    mine = store.save(b"{}", model="m")
+    assert [d.id for d in store.list()] == [mine.id]
+    folder.chmod(0o777)  # someone may now plant files here for us to serve as our own
+    with pytest.raises(ExportError, match="not a private folder"):
+        store.list()
+    with pytest.raises(ExportError, match="not a private folder"):
+        store.read(mine.id)
+    folder.chmod(0o700)
+    assert store.read(mine.id) == b"{}"  # private again: served again
+    assert DumpStore(tmp_path / "never-made", 5, 1000, private=True).list() == []  # no folder: nothing yet
+
+
 @pytest.mark.parametrize("dump_id", ["20991327T999999Z-x-00000000", "20250230T000000Z-x-00000000",
                                      "20250101T240000Z-x-00000000", "20250101T000060Z-x-00000000",
                                      "00000101T000000Z-x-00000000"])
