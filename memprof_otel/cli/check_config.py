@@ -26,6 +26,16 @@ def _threshold(metric: str, value: float) -> str:
     return f"{value:g} s" if metric.endswith("_seconds") else f"{value:g}"
 
 
+def _series(cfg: Config) -> str:
+    c = cfg.series
+    top = f"the root and the top {c.top_layers} layers per model"
+    if c.full_detail_fraction:
+        top += f" (every layer on {c.full_detail_fraction:.1%} of hosts)"
+    chosen = {"all": "every layer", "top": top,
+              "auto": f"{top} in a Kubernetes pod (KUBERNETES_SERVICE_HOST set), every layer elsewhere"}[c.layers]
+    return f"{c.layers}: {chosen}; budget {c.budget:,} series"
+
+
 def summary_lines(cfg: Config) -> list[str]:
     otlp = cfg.otel.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "none"
     rules = ", ".join(f"{r.name} ({r.metric} {r.op} {_threshold(r.metric, r.threshold)})"
@@ -39,6 +49,7 @@ def summary_lines(cfg: Config) -> list[str]:
         f"({'token set' if cfg.http.token else 'no token'})",
         f"  otel           {'on' if cfg.otel.enabled else 'off'}, OTLP endpoint {otlp}",
         f"  watchdog       {len(cfg.watchdog.rules)} rule(s){': ' + rules if rules else ''}",
+        f"  series         {_series(cfg)}",
         f"  dumps          {cfg.dumps.dir or str(default_dir(service_name_in_effect(cfg.service_name, os.environ), '<pid>')) + ' (per process)'} "
         f"(max {cfg.dumps.max_files} files, "
         f"{format_bytes(cfg.dumps.max_bytes)})",

@@ -269,6 +269,14 @@ def test_check_config_accepts_a_good_file_and_summarises_it(tmp_path: Path) -> N
     assert proc.stdout.splitlines()[0] == f"ok: {path}"
     assert "my-inference" in proc.stdout and "rss_high" in proc.stdout and "20.0 GiB" in proc.stdout
     assert proc.stderr == ""
+    # the series budget in force: auto names both of its choices
+    series = [ln for ln in proc.stdout.splitlines() if ln.split()[:1] == ["series"]]
+    assert len(series) == 1 and series[0].split(None, 1)[1].startswith("auto: the root and the top 4 layers")
+    assert "every layer elsewhere" in series[0] and "budget 1,000 series" in series[0]
+    path.write_text(GOOD_CONFIG + "series: {layers: top, top_layers: 2, full_detail_fraction: 0.05}\n")
+    series = [ln for ln in cli("check-config", str(path)).stdout.splitlines() if ln.split()[:1] == ["series"]]
+    assert series[0].split(None, 1)[1] == ("top: the root and the top 2 layers per model (every layer on 5.0% of "
+                                           "hosts); budget 1,000 series")
 
 
 @pytest.mark.parametrize("content, fragments", [
