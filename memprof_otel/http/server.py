@@ -310,12 +310,17 @@ class _QuietHandler(WSGIRequestHandler):
             self.wfile.write(body)
 
     def parse_request(self) -> bool:
+        words = self.raw_requestline.split()
+        if len(words) == 2:  # "GET /path": HTTP/0.9, after which no header block comes, while the
+            # stdlib would read one first and so wait for the client's timeout before answering
+            self.command, self.path = (w.decode("latin-1") for w in words)
+            self.requestline = self.raw_requestline.decode("latin-1").rstrip("\r\n")
+            self.request_version, self.close_connection = "HTTP/0.9", True
+            self.send_error(505, "HTTP/0.9 is not supported; use HTTP/1.0 or HTTP/1.1")
+            return False
         if not super().parse_request():
             if not self.raw_requestline.strip():  # an empty line: the stdlib closes without answering
                 self.send_error(400, "empty request line")
-            return False
-        if self.request_version == "HTTP/0.9":  # a bare "GET /path": no headers, no status line back
-            self.send_error(505, "HTTP/0.9 is not supported; use HTTP/1.0 or HTTP/1.1")
             return False
         if any(isinstance(d, _HEADER_DEFECTS) for d in self.headers.defects):
             self.send_error(400, "malformed header line")

@@ -300,6 +300,20 @@ def test_malformed_http_gets_the_json_error_shape(server, data):
     assert httpx.get(server.url + "/healthz", timeout=10).status_code == 200  # and the server serves on
 
 
+@pytest.mark.parametrize("line", [b"GET /v1/status\r\n", b"POST /v1/dumps\n"])
+def test_an_http_0_9_request_is_answered_at_once_though_the_client_keeps_the_connection_open(server, line):
+    # an HTTP/0.9 client sends the request line alone and waits: no header block follows
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as s:
+        s.sendall(line)
+        t0 = time.monotonic()
+        raw = b""
+        while chunk := s.recv(65536):  # the server answers, then closes
+            raw += chunk
+    assert time.monotonic() - t0 < 3
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 505 ") and json.loads(body)["error"]
+
+
 def test_a_silent_client_does_not_hold_the_server(server):
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as idle:
         idle.sendall(b"PUT /v1/watchdog/rules HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\n\r\n{")
