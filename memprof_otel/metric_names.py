@@ -223,7 +223,8 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_export_errors_total", "memprof.export_errors", "{error}", "counter",
               "Failed exports", ("exporter",)),
     MetricDef("memprof_config_errors_total", "memprof.config_errors", "{error}", "counter",
-              "Configuration values ignored at startup (the default kept), by where they came from",
+              "Configuration values ignored at startup (the config file's value, else the default, kept), "
+              "by where they came from",
               ("source",)),
     MetricDef("memprof_http_connection_errors_total", "memprof.http.connection_errors", "{error}", "counter",
               "Connections to the endpoint's own server that failed, by reason: timeout, reset, broken_pipe, "

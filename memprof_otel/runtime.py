@@ -208,7 +208,7 @@ class Runtime:
     def resolve_config(self, config: Any = None, **overrides: Any) -> Config:
         """The config to monitor with: what the caller passed is strict (a ConfigError), but an
         unknown or bad environment value never stops monitoring — it is logged once, counted in
-        ``memprof_config_errors_total{source}`` and left out (the default kept)."""
+        ``memprof_config_errors_total{source}`` and left out (the file's value, else the default, kept)."""
         cfg, ignored = load_config_tolerant(config, **overrides)
         for source, err in ignored:
             self._config_error(source, err)
@@ -221,7 +221,8 @@ class Runtime:
                 return
             self._config_errors_seen.add(seen)
             self.config_errors[source] += 1
-        log.warning("memprof_otel: configuration value ignored, default kept: %s", err)
+        log.warning("memprof_otel: configuration value ignored (the config file's value, else the "
+                    "default, stays in force): %s", err)
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
         self._watch_forks("state")
