@@ -95,8 +95,11 @@ def _schemas() -> dict[str, Any]:
             "resume": {"type": "string", "description": "cursor to poll from later for newer entries"}}},
         "Dump": {"type": "object", "required": ["id", "size_bytes", "created", "kind", "model", "url"], "properties": {
             "id": {"type": "string"}, "size_bytes": {"type": "integer", "minimum": 0}, "created": _NUM,
-            "kind": {"type": "string"}, "model": {"type": "string"}, "url": {"type": "string"},
-            "cuda_snapshot": {"type": "object"}}},
+            "kind": {"type": "string"},
+            "model": {"type": "string", "description": "the model part of the id: the name with characters "
+                                                       "outside A-Za-z0-9_- made _ and cut to 40 (the dump "
+                                                       "request, DumpJob, carries the name itself)"},
+            "url": {"type": "string"}, "cuda_snapshot": {"type": "object"}}},
         "DumpJob": {
             "type": "object", "description": "a dump request: pending, then complete (with the stored dump) or "
                                              "failed (with error and detail, as in Error)",
