@@ -458,8 +458,10 @@ class Runtime:
         """Stop servers, the sampler and exporters (flushing them) within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         ok = True
-        # a heap diff still waiting ends now (its tracing stops) and answers before the servers close
+        # a heap diff still waiting ends now (its tracing stops) and answers before the servers close,
+        # and so does a dump request waiting for forwards (it fails as shutting_down)
         ok &= self.heap.stop(min(2.0, timeout / 2))
+        self.dump_service.end_pending()
         with self._lock:
             for srv in list(self.servers):
                 try:

@@ -22,9 +22,13 @@ JOB_ID_RE = re.compile(r"job-[0-9a-f]{16}")
 PENDING, COMPLETE, FAILED = "pending", "complete", "failed"
 MAX_JOBS = 256  # finished jobs kept for polling; the oldest finished one goes first
 
+class ShuttingDown(InstrumentationError):
+    """A pending request ended because monitoring is shutting down (``mp.shutdown()``)."""
+
+
 # exception -> the error code a failed job reports (the HTTP layer maps codes to statuses)
 _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
-    (CaptureTimeout, "no_forward_in_time"), (CaptureBusy, "capture_in_progress"),
+    (ShuttingDown, "shutting_down"), (CaptureTimeout, "no_forward_in_time"), (CaptureBusy, "capture_in_progress"),
     (UnknownModel, "unknown_model"), (CaptureUnsupported, "capture_unsupported"),
     (InstrumentationError, "uninstrumented"),
     (ExportError, "dump_not_stored"),

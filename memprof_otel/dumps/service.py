@@ -22,8 +22,11 @@ from ..config import DumpsConfig
 from ..errors import (CaptureBusy, CaptureTimeout, ExportError, InstrumentationError, MemprofError,
                       ModelRequired, UnknownModel)
 from .capture import Capture
-from .jobs import DumpJob, DumpJobs
+from .jobs import DumpJob, DumpJobs, ShuttingDown
 from .store import DumpInfo, DumpStore, default_dir
+
+
+SHUTTING_DOWN = "memprof-otel is shutting down"  # why a capture ended by end_pending() failed
 
 
 class Capturable(Protocol):
@@ -65,6 +68,7 @@ class DumpService:
         self._lock = threading.Lock()
         self.related: dict[str, DumpInfo] = {}  # speedscope dump id -> its CUDA history snapshot
         self.jobs = DumpJobs()
+        self._pending: dict[str, Capture] = {}  # job id -> its armed capture, while the job runs
 
     @property
     def dir(self) -> Path:
@@ -105,6 +109,8 @@ class DumpService:
         h, cap = self._arm(model, forwards)
         job = DumpJob(h.name, forwards, timeout)
         self.jobs.add(job)
+        with self._lock:
+            self._pending[job.id] = cap
         worker = threading.Thread(target=self._run_job, args=(job, h, cap, timeout, reason),
                                   name=f"memprof-dump-{job.id}", daemon=True)
         try:
@@ -125,7 +131,18 @@ class DumpService:
             with self._lock:
                 related = self.related.get(info.id)
             job.complete(info, related)
+        with self._lock:
+            self._pending.pop(job.id, None)
         self.jobs.evict()
+
+    def end_pending(self) -> int:
+        """End every request still waiting for its forwards: each fails as ``shutting_down`` at once
+        (a caller long-polling it gets its answer now, not at its ``wait``). Their count."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for cap in pending:
+            cap.cancel(SHUTTING_DOWN)
+        return len(pending)
 
     def _arm(self, model: str | None, forwards: int) -> tuple[Capturable, Capture]:
         h = self.pick_model(model)
@@ -142,7 +159,7 @@ class DumpService:
             raise CaptureTimeout(f"no forward of {h.name!r} completed within {timeout:g} s "
                                  f"({cap.completed}/{forwards} captured)")
         if cap.failed is not None and cap.completed == 0:
-            raise InstrumentationError(f"{h.name!r}: {cap.failed}")
+            raise (ShuttingDown if cap.failed == SHUTTING_DOWN else InstrumentationError)(f"{h.name!r}: {cap.failed}")
         return self.store_capture(h.name, cap, reason)
 
     def store_capture(self, model: str, cap: Capture, reason: str) -> DumpInfo:

@@ -70,7 +70,7 @@ QUERY_PARAMETERS: dict[tuple[str, str], frozenset[str]] = {
 GZIP_LEVEL = 1
 _ITEMS_PER_SLICE = 32      # items encoded between two yields of the interpreter (see _encode_slice)
 # a failed dump job's error code -> the status a POST that waited for it answers
-_FAILED_STATUS = {"no_forward_in_time": 504, "dump_not_stored": 507, "uninstrumented": 409,
+_FAILED_STATUS = {"no_forward_in_time": 504, "dump_not_stored": 507, "uninstrumented": 409, "shutting_down": 503,
                   "capture_unsupported": 409, "capture_in_progress": 409, "unknown_model": 404}
 
 

@@ -289,6 +289,7 @@ def openapi_document() -> dict[str, Any]:
                         "202": "pending: poll the Location (GET /v1/dumps/{id})",
                         "400": "bad or unknown query parameter (named)", "404": "unknown model", "409": "another capture runs on the model, or its backend gives no memory figures on its device",
                         "500": "failed within wait: unexpected error", "504": "failed within wait: no forward in time",
+                        "503": "failed within wait: monitoring is shutting down (mp.shutdown())",
                         "507": "failed within wait: dump could not be stored", **auth, **mutating}, [
         _q("kind", {"type": "string", "enum": ["speedscope"]}, "dump format"),
         _q("forwards", {"type": "integer", "minimum": 1, "maximum": 1000, "default": 1}, "forwards to capture"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,25 @@ def test_the_default_dump_folder_opened_to_others_is_neither_listed_nor_served(t
     finally:
         folder.chmod(0o700)
     assert c.get(f"/v1/dumps/{dump_id}").status_code == 200
+
+
+def test_shutdown_ends_a_dump_request_waiting_for_forwards_and_its_long_poll_answers_at_once():
+    mp.start_monitoring({"sampler": {"interval": "50ms"}})
+    srv = mp.serve(port=0)
+    mp.instrument(Known(), name="known")  # no forward will come
+    answer: dict[str, Any] = {}
+
+    def long_poll() -> None:
+        r = httpx.post(srv.url + "/v1/dumps", params={"timeout": 30, "wait": 20}, headers=JSON_HEADERS, timeout=60)
+        answer.update(status=r.status_code, body=r.json(), at=time.monotonic())
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    wait_until(lambda: len(runtime().dump_service.jobs) > 0, what="the request pending")
+    time.sleep(0.2)  # the long poll is waiting
+    t0 = time.monotonic()
+    assert mp.shutdown(5)
+    poller.join(10)
+    assert answer["at"] - t0 < 3  # answered at shutdown, not at its wait (20 s)
+    assert answer["status"] == 503 and answer["body"]["status"] == "failed"
+    assert answer["body"]["error"] == "shutting_down" and "shutting down" in answer["body"]["detail"]
