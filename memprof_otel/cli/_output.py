@@ -32,10 +32,14 @@ def _mode(path: str) -> int | None:
         raise CommandError(f"-o {path}: {e.strerror or e}", EXIT_USAGE) from None
 
 
-def check_output(path: str) -> None:
+def check_output(path: str, binary: bool = False) -> None:
     """A CommandError (exit 2) unless ``path`` can be written: checked up front, so that a typo in
-    -o does not throw away a capture the endpoint ran for, nor wait for it."""
+    -o does not throw away a capture the endpoint ran for, nor wait for it. ``binary``: the file
+    is not text (pprof), so ``-o -`` on a terminal is refused, as gzip and curl refuse it."""
     if path == STDOUT:
+        if binary and sys.stdout.isatty():
+            raise CommandError("-o -: a pprof file is binary and standard output is a terminal; "
+                               "redirect it (> file, | go tool pprof ...) or give -o FILE", EXIT_USAGE)
         return
     mode = _mode(path)
     if (mode is not None and stat.S_ISDIR(mode)) or path.endswith(os.sep):

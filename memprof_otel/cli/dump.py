@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--forwards must be between 1 and 1000, got {args.forwards}", EXIT_USAGE)
     if not 0 < args.timeout <= 600:
         raise CommandError(f"--timeout must be in (0, 600] seconds, got {args.timeout:g}", EXIT_USAGE)
-    check_output(args.output)
+    check_output(args.output, binary=args.format == "pprof")
     client = Client(args.url, args.token)
     deadline = time.monotonic() + args.timeout + STORE_MARGIN_S
     answer = client.json("POST", "/v1/dumps",

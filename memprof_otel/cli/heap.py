@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output == STDOUT and args.json:
         raise CommandError("--json and -o - would both write to standard output: pick one", EXIT_USAGE)
     if args.output:
-        check_output(args.output)
+        check_output(args.output, binary=args.format == "pprof")
     client = Client(args.url, args.token)
     doc = client.json("POST", "/v1/heap", body={"seconds": args.seconds, "top": args.top, "frames": args.frames},
                       timeout=args.seconds + ANSWER_MARGIN_S)

@@ -572,6 +572,23 @@ def test_dump_and_heap_write_to_standard_output_with_dash(live: tuple[str, Path]
     assert b"Python heap growth" in proc.stderr  # the report moves to stderr
 
 
+@pytest.mark.parametrize("command", [["dump"], ["heap", "--seconds", "1"]])
+def test_a_pprof_file_is_not_written_to_a_terminal(command: list[str]) -> None:
+    import pty
+
+    primary, secondary = pty.openpty()  # standard output a terminal, as in an interactive shell
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+        proc = subprocess.run([sys.executable, "-m", "memprof_otel.cli", *command, "--url", "http://127.0.0.1:9",
+                               "-o", "-", "--format", "pprof"], stdout=secondary, stderr=subprocess.PIPE,
+                              text=True, timeout=60, env=env, cwd=REPO)
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 2  # before any request: port 9 is never asked
+    assert proc.stderr.count("\n") == 1 and "binary and standard output is a terminal" in proc.stderr
+
+
 @pytest.mark.timeout(180)
 def test_dump_writes_through_a_device_a_fifo_or_a_symlink(live: tuple[str, Path], tmp_path: Path) -> None:
     url = live[0]
