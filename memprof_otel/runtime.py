@@ -247,7 +247,8 @@ class Runtime:
         sampler.add_listener(self.leaks.on_sample)
         self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.series(max_age_s=0.0),
                                  span_event=self._span_event, dump_all=self._dump_all,
-                                 count_dump=self.count_dump, callbacks=self.alert_callbacks)
+                                 count_dump=self.count_dump, callbacks=self.alert_callbacks,
+                                 count_error=self.count_export_error)
         sampler.add_listener(self.watchdog.on_sample)
         self._start_snapshots(cfg, sampler)
         self.sampler = sampler

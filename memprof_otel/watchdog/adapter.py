@@ -10,6 +10,8 @@ handed by the composition root.
 from __future__ import annotations
 
 import logging
+import os
+import queue
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -52,6 +54,72 @@ def _call_back(fn: AlertCallback, alert: dict[str, Any]) -> None:
     fn(dict(alert))  # a copy each: one callback changing it cannot change what the next one sees
 
 
+# alerts waiting for the callbacks; past this a new one is dropped and counted (a callback that
+# never returns would otherwise hold every later alert in memory)
+CALLBACK_QUEUE = 256
+_IDLE_EXIT_S = 5.0  # the callback thread ends after this long without an alert (started again on the next)
+
+
+class _CallbackRunner:
+    """Runs the user's alert callbacks on a thread of their own, one alert after another: a slow
+    or blocking callback must not hold the sampler thread that evaluates the rules (its ticks feed
+    ``/healthz``, the timeline and every other rule). Each callback runs in its own try, so one
+    that raises does not keep the alert from the others. ``failed(what)`` counts each failure and
+    each alert dropped because the queue was full."""
+
+    def __init__(self, callbacks: list[AlertCallback], failed: Callable[[str], None]) -> None:
+        self._callbacks = callbacks
+        self._failed = failed
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(CALLBACK_QUEUE)
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def submit(self, alert: dict[str, Any]) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: its parent's thread and queue are not its own
+                self._queue, self._thread, self._pid = queue.Queue(CALLBACK_QUEUE), None, os.getpid()
+            try:
+                self._queue.put_nowait(alert)
+            except queue.Full:
+                self._failed("dropped")
+                rate_limited.warning("alert-callback-dropped", "memprof_otel: alert %s not handed to the "
+                                     "callbacks: %d alerts wait for a callback that has not returned",
+                                     alert.get("rule"), CALLBACK_QUEUE)
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="memprof-alert-callbacks", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                alert = self._queue.get(timeout=_IDLE_EXIT_S)
+            except queue.Empty:
+                with self._lock:  # nothing came in between: this thread ends, submit() starts another
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            for fn in list(self._callbacks):
+                try:
+                    _call_back(fn, alert)
+                except Exception as e:
+                    self._failed("raised")
+                    rate_limited.warning(f"alert-callback:{getattr(fn, '__qualname__', fn)}",
+                                         "memprof_otel: alert callback %r failed: %r", fn, e)
+            self._queue.task_done()
+
+    def join_idle(self, timeout: float) -> bool:
+        """Wait until every alert handed over has been through the callbacks (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+
 class Watchdog:
     """``series()``: the figures a scrape shows, fresh; ``span_event(name, attributes)``: an OTel
     event (no-op without OTel); ``dump_all(reason)``: capture every live model; ``count_dump(format,
@@ -59,18 +127,24 @@ class Watchdog:
 
     def __init__(self, cfg: WatchdogConfig, *, series: Callable[[], Series],
                  span_event: Callable[[str, dict[str, Any]], None], dump_all: Callable[[str], Any],
-                 count_dump: Callable[[str, str], None], callbacks: list[AlertCallback]) -> None:
+                 count_dump: Callable[[str, str], None], callbacks: list[AlertCallback],
+                 count_error: Callable[[str], None] = lambda action: None) -> None:
         self._series = series
         self._span_event = span_event
         self._dump_all = dump_all
         self._count_dump = count_dump
-        self._callbacks = callbacks
+        self._count_error = count_error  # memprof_export_errors_total{exporter="alert_<action>"}
         self.cfg = cfg
         self._lock = threading.Lock()
         self.engine = AlertEngine(cfg.rules)
         self._last_dump = float("-inf")
         self.action_errors = 0
         self.dump_threads: list[threading.Thread] = []
+        self.callbacks = _CallbackRunner(callbacks, lambda why: self._action_failed("callback"))
+
+    def _action_failed(self, action: str) -> None:
+        self.action_errors += 1
+        self._count_error(f"alert_{action}")
 
     # ---- rules -----------------------------------------------------------------------------
     @property
@@ -119,12 +193,11 @@ class Watchdog:
                         "memprof.alert.metric": r.metric, "memprof.alert.value": tr.value,
                         "memprof.alert.threshold": r.threshold})
                 elif action == "callback":
-                    for fn in list(self._callbacks):
-                        _call_back(fn, alert)
+                    self.callbacks.submit(alert)  # run on their own thread, never the sampler's
                 elif action == "dump":
                     self._dump(r)
             except Exception as e:  # an action failing must not stop the others or the sampler
-                self.action_errors += 1
+                self._action_failed(action)
                 rate_limited.warning(f"alert-action:{action}", "memprof_otel: alert action %s failed: %r",
                                      action, e)
 
