@@ -2,9 +2,9 @@
 
 Reads ``GET {url}/v1/advice`` and prints one block per advice: severity, id, title, the figures it
 cites (in human units) and where they come from, the action, and the docs section. ``--json``
-prints the endpoint's answer as it is. With ``--fail-on SEVERITY`` the command exits 3 when any
-advice is at or above that severity (for CI or a readiness script); by default it never fails on
-advice.
+prints the endpoint's JSON document (its advice from ``--min-severity`` up). With ``--fail-on
+SEVERITY`` the command exits 3 when any advice is at or above that severity, printed or not
+(for CI or a readiness script); by default it never fails on advice.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-on", choices=SEVERITIES, default=None,
                    help=f"exit {EXIT_ADVICE} when any advice is at or above this severity; unset, advice never fails "
                         "the command")
-    p.add_argument("--json", action="store_true", help="print the endpoint's JSON answer as it is")
+    p.add_argument("--json", action="store_true", help="print the endpoint's JSON document (its advice from --min-severity up)")
 
 
 def figure(value: float, unit: str) -> str:
@@ -69,8 +69,10 @@ def render(doc: dict[str, Any]) -> str:
                  f"(at or above {doc['min_severity']}):", ""]
         for a in advice:
             lines += render_one(a) + [""]
-    else:
-        lines = [f"no advice{scope} at or above {doc['min_severity']}: nothing measured calls for action", ""]
+    elif doc["min_severity"] == SEVERITIES[0]:
+        lines = [f"no advice{scope}: nothing measured calls for action", ""]
+    else:  # below the floor there may be advice: not "nothing calls for action"
+        lines = [f"no advice{scope} at or above {doc['min_severity']}", ""]
     if doc.get("notes"):
         lines.append("not checked:")
         for n in doc["notes"]:
@@ -78,15 +80,21 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n")
 
 
+def _at_or_above(advice: list[dict[str, Any]], severity: str) -> list[dict[str, Any]]:
+    floor = severity_rank(severity)
+    return [a for a in advice if a.get("severity") in SEVERITIES and severity_rank(a["severity"]) >= floor]
+
+
 def run(args: argparse.Namespace) -> int:
     client = Client(args.url, args.token)
-    doc = client.json("GET", "/v1/advice", {"model": args.model, "min_severity": args.min_severity})
+    # --fail-on judges every advice at or above it, whatever --min-severity leaves out of the print:
+    # ask for the lower of the two floors, print from --min-severity up
+    ask = min(args.min_severity, args.fail_on or args.min_severity, key=severity_rank)
+    doc = client.json("GET", "/v1/advice", {"model": args.model, "min_severity": ask})
     if not isinstance(doc, dict) or not isinstance(doc.get("advice"), list):
         raise CommandError(f"GET {client.url('/v1/advice')}: not an advice document: {json.dumps(doc)[:200]}")
-    print(json.dumps(doc, indent=2) if args.json else render(doc))
-    if args.fail_on is not None:
-        floor = severity_rank(args.fail_on)
-        if any(severity_rank(a.get("severity", "")) >= floor for a in doc["advice"]
-               if a.get("severity") in SEVERITIES):
-            return EXIT_ADVICE
+    shown = {**doc, "advice": _at_or_above(doc["advice"], args.min_severity), "min_severity": args.min_severity}
+    print(json.dumps(shown, indent=2) if args.json else render(shown))
+    if args.fail_on is not None and _at_or_above(doc["advice"], args.fail_on):
+        return EXIT_ADVICE
     return 0

@@ -67,6 +67,13 @@ def test_fail_on_exits_3_at_or_above_the_severity_and_0_below(url):
     assert proc.returncode == 0, proc.stderr
     below = cli("--url", url, "--token", TOKEN, "--min-severity", "critical")
     assert below.returncode == 0 and below.stdout.startswith("no advice at or above critical")
+    assert "nothing measured calls for action" not in below.stdout  # a warning is there, below the floor
+    # --fail-on judges every advice, whatever --min-severity leaves out of the print
+    quiet = cli("--url", url, "--token", TOKEN, "--min-severity", "critical", "--fail-on", "warning")
+    assert quiet.returncode == 3 and quiet.stdout.startswith("no advice at or above critical")
+    shown = json.loads(cli("--url", url, "--token", TOKEN, "--min-severity", "critical", "--fail-on", "warning",
+                           "--json").stdout)
+    assert shown["min_severity"] == "critical" and shown["advice"] == []  # the print keeps its floor
 
 
 def test_json_is_the_endpoints_document(url):
