@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
+from ..errors import MemprofError
+
 Features = dict[str, int]
 ShapeOf = Callable[[tuple[Any, ...], Mapping[str, Any]], Mapping[str, int]]
 
@@ -22,8 +24,10 @@ _CACHE_KWARGS = ("past_key_values", "cache", "past_key_value")
 _TOKEN_KWARGS = ("input_ids", "inputs_embeds", "decoder_input_ids", "x", "input")
 
 
-class ShapeError(ValueError):
-    """A ``shape_of`` answer that cannot be a shape (counted; the forward is not modelled)."""
+class ShapeError(MemprofError, ValueError):
+    """A shape that cannot be one: a ``shape_of`` answer (counted; the forward is not modelled), or
+    what a caller asked ``fits``/``predict_peak``/``headroom`` about (raised to it, a MemprofError as
+    every error of the library)."""
 
 
 def _dims(t: Any) -> tuple[int, ...] | None:

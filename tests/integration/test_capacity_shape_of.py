@@ -76,3 +76,12 @@ def test_capacity_off_refuses_questions_with_a_typed_error():
     assert h.capacity is None
     with pytest.raises(mp.MemprofError, match="capacity.enabled: false"):
         h.fits(batch=1)
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "8", 2.5, True, None])
+def test_a_question_about_an_impossible_shape_is_a_typed_error(bad):
+    h = mp.instrument(Pixels(), name="pix-q")
+    for ask in (h.fits, h.predict_peak):
+        with pytest.raises(mp.MemprofError, match="batch") as raised:
+            ask(batch=bad, seq_len=4)
+        assert isinstance(raised.value, ValueError)  # and a ValueError, as before
