@@ -50,6 +50,10 @@ class OperationTracker:
         self._open: dict[int, OperationRecord] = {}
         self._finished: deque[OperationRecord] = deque(maxlen=max_records)
         self._phase: OperationRecord | None = None
+        # one mark/end_phase at a time, whole: ending the previous phase and opening the next must
+        # not interleave with another thread's (two marks at once each stored their phase, one
+        # overwrote the other, and the lost one never ended). Apart from _lock, which begin/end take.
+        self._phase_lock = threading.Lock()
         self._on_end: list[Callable[[OperationRecord], None]] = []
         self.errors = 0
 
@@ -60,6 +64,7 @@ class OperationTracker:
         """In a forked child: another thread of the parent may have held the lock at the fork.
         Open records stay (an operation open around the fork ends in the child that goes on)."""
         self._lock = threading.Lock()
+        self._phase_lock = threading.Lock()
 
     # ---- records ---------------------------------------------------------------------------
     def begin(self, name: str, attributes: dict[str, Any], kind: str = "operation") -> OperationRecord:
@@ -117,21 +122,20 @@ class OperationTracker:
 
     # ---- phases ----------------------------------------------------------------------------
     def mark(self, name: str, attributes: dict[str, Any]) -> OperationRecord:
-        with self._lock:
+        with self._phase_lock:
             prev, self._phase = self._phase, None
-        if prev is not None:
-            self._end_with_span(prev, None)
-        rec = self.begin(name, attributes, kind="phase")
-        self._start_span(rec)
-        with self._lock:
+            if prev is not None:
+                self._end_with_span(prev, None)
+            rec = self.begin(name, attributes, kind="phase")
+            self._start_span(rec)
             self._phase = rec
-        return rec
+            return rec
 
     def end_phase(self) -> None:
-        with self._lock:
+        with self._phase_lock:
             prev, self._phase = self._phase, None
-        if prev is not None:
-            self._end_with_span(prev, None)
+            if prev is not None:
+                self._end_with_span(prev, None)
 
     def _start_span(self, rec: OperationRecord) -> None:
         if self.spans is None:
