@@ -3,8 +3,10 @@ write (timelines, speedscope files, plots, stored dumps), so readers never see h
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import ExportError
@@ -70,4 +72,37 @@ def _sync_folder(folder: str) -> None:
 
 
 def write_json_atomic(doc: Any, path: str | os.PathLike[str]) -> None:
-    write_bytes_atomic(json.dumps(doc, separators=(",", ":")).encode("utf-8"), path)
+    write_bytes_atomic(json_bytes(doc), path)
+
+
+def json_bytes(doc: Any) -> bytes:
+    """Compact, strict JSON of whatever a user may have put in a document (an operation's
+    attributes): a NaN or infinity becomes null, an object with ``to_dict`` its dict, a set or
+    tuple a list, anything else its ``str``. Never a TypeError halfway through a file or answer."""
+    try:
+        return json.dumps(doc, default=_json_default, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    except ValueError:  # a NaN or infinity where a float is a plain JSON value: mapped, then encoded
+        return json.dumps(_finite(doc), default=_json_default, allow_nan=False,
+                          separators=(",", ":")).encode("utf-8")
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, Mapping):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple, set)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "to_dict"):
+        return _finite(o.to_dict())
+    return o
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import hmac
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
@@ -33,6 +32,7 @@ from ..dumps.heap_session import HeapProfiler
 from ..dumps.pprof import build_pprof
 from ..dumps.service import DumpService
 from ..dumps.store import is_dump_id
+from ..files import json_bytes
 from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import ScrapeSource, count_samples, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
@@ -127,32 +127,7 @@ def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) 
 def dumps(obj: Any) -> bytes:
     """Compact JSON. A NaN or infinity that reached a response (a source reading, say) is sent as
     null: strict JSON has no such numbers, and a read route must not fail over one value."""
-    try:
-        return json.dumps(obj, default=_json_default, allow_nan=False, separators=(",", ":")).encode()
-    except ValueError:
-        return json.dumps(_finite(obj), default=_json_default, allow_nan=False, separators=(",", ":")).encode()
-
-
-def _finite(o: Any) -> Any:
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, Mapping):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple, set)):
-        return [_finite(v) for v in o]
-    if hasattr(o, "to_dict"):
-        return _finite(o.to_dict())
-    return o
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, float) and not math.isfinite(o):
-        return None
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    return str(o)
+    return json_bytes(obj)
 
 
 def error_response(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
 from torch import nn
 
@@ -72,3 +73,24 @@ def test_the_endpoint_serves_the_stopped_run(client):
     n = len(mp.timeline().timestamps)
     page = client.get("/v1/timeline").json()
     assert len(page["samples"]) == n
+
+
+class _Request:
+    """An application object passed as an operation attribute (no JSON form of its own)."""
+
+    def __str__(self) -> str:
+        return "Request(id=7)"
+
+
+def test_export_timeline_writes_strict_json_whatever_the_operation_attributes(tmp_path):
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+    mp.start_monitoring(FAST)
+    h = mp.instrument(model, name="attrs")
+    with mp.operation("handle", request=_Request(), score=float("nan"), tags={"a", "b"}):
+        model(torch.randn(4, 16))
+    out = tmp_path / "t.json"
+    h.export_timeline(str(out))
+    doc = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    [op] = [o for o in doc["operations"] if o["name"] == "handle"]
+    assert op["attributes"]["request"] == "Request(id=7)" and op["attributes"]["score"] is None
+    assert sorted(op["attributes"]["tags"]) == ["a", "b"]
