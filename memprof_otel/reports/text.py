@@ -85,13 +85,17 @@ def ordered_operations(operations: Iterable[OperationRecord]) -> list[tuple[int,
     out: list[tuple[int, OperationRecord]] = []
     seen: set[int] = set()
 
-    def walk(o: OperationRecord, depth: int) -> None:
-        if id(o) in seen:  # a parent cycle in hand-edited data
-            return
-        seen.add(id(o))
-        out.append((depth, o))
-        for c in children.get(o.id, ()):
-            walk(c, depth + 1)
+    def walk(top: OperationRecord, depth: int) -> None:
+        # depth first with a stack of our own, not recursion: a chain of thousands of nested
+        # operations (a leaked one makes every later one its child) must not hit Python's limit
+        stack = [(top, depth)]
+        while stack:
+            o, d = stack.pop()
+            if id(o) in seen:  # a parent cycle in hand-edited data
+                continue
+            seen.add(id(o))
+            out.append((d, o))
+            stack.extend((c, d + 1) for c in reversed(children.get(o.id, ())))
 
     for r in roots:
         walk(r, 0)

@@ -3,7 +3,7 @@ import sys
 import time
 
 
-from memprof_otel.reports.text import PeakInfo, find_peak, format_report, operation_at, signed_bytes
+from memprof_otel.reports.text import PeakInfo, find_peak, format_report, operation_at, ordered_operations, signed_bytes
 from memprof_otel.timeline import OperationRecord, Sample
 
 GiB = 1024**3
@@ -177,3 +177,16 @@ def test_public_report_and_plot_stay_functions_after_first_call():
     code = ("import memprof_otel as mp; mp.report(); import memprof_otel.reports.plot, memprof_otel.reports.text; "
             "assert callable(mp.report) and callable(mp.plot), (mp.report, mp.plot)")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, timeout=120)
+
+
+def test_a_chain_of_thousands_of_nested_operations_is_ordered_without_recursion():
+    n = 5000  # a leaked operation makes every later one its child: chains this deep happen
+    chain = [op(i, f"op{i}", i, i + 0.5, 0, 0, kind="operation", parent_id=i - 1 if i > 1 else None)
+             for i in range(1, n + 1)]
+    sibling = op(n + 1, "sibling", 2.2, 3, 0, 0, kind="operation", parent_id=1)  # op1's second child
+    ordered = ordered_operations([*reversed(chain), sibling])
+    assert [(d, o.id) for d, o in ordered][:3] == [(0, 1), (1, 2), (2, 3)]
+    assert ordered[-1] == (1, sibling)  # after op2's whole subtree, as a recursive walk put it
+    assert len(ordered) == n + 1 and ordered[n - 1] == (n - 1, chain[-1])
+    samples = [sample(0, GiB), sample(1, 2 * GiB)]
+    assert "op1" in format_report(samples, chain)  # the report itself renders too
