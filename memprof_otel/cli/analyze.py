@@ -35,6 +35,8 @@ def load(path: str) -> dict[str, Any]:
         raise CommandError(f"{path}: cannot read: {e.strerror or e}", EXIT_USAGE) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise CommandError(f"{path}: not valid JSON: {e}", EXIT_USAGE) from None
+    except RecursionError:
+        raise CommandError(f"{path}: not valid JSON: nested too deeply", EXIT_USAGE) from None
     if not isinstance(doc, dict) or not any(k in doc for k in ("samples", "operations", "layer_stats")):
         raise CommandError(f"{path}: not a memprof-otel timeline (expected the JSON of export_timeline() "
                            "or GET /v1/timeline)", EXIT_USAGE)
@@ -95,11 +97,18 @@ def run(args: argparse.Namespace) -> int:
         _require_matplotlib()
     doc = load(args.timeline)
     samples, ops = parse_records(doc, args.timeline)
-    layers = format_layers(doc, args.top)
+    # every figure is read while the text is built, before a line is printed: a field of the wrong
+    # type (a hand-edited or foreign file) is bad input, one line and exit 2, not half a report
+    try:
+        layers = format_layers(doc, args.top)
+        report = format_report(samples, ops)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+        raise CommandError(f"{args.timeline}: a figure of the wrong type or value "
+                           f"({type(e).__name__}: {str(e)[:120]})", EXIT_USAGE) from None
     if layers:
         print(layers)
         print()
-    print(format_report(samples, ops))
+    print(report)
     if args.png:
         plot_timeline(Timeline.from_samples(samples, ops), args.png)
         print(f"\nplot written to {os.fspath(args.png)}")

@@ -433,8 +433,23 @@ def test_analyze_reads_what_get_v1_timeline_answers(live: tuple[str, Path], tmp_
     assert "MEMPROF-OTEL MEMORY REPORT" in proc.stdout and " - step " in proc.stdout
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", '{"samples": [{"no_t": 1}]}', ""],
-                         ids=["syntax", "not-a-timeline", "malformed-sample", "empty"])
+_SAMPLE = '{"t": 1.0, "rss": 1048576}'
+
+
+def _with_op(**fields: object) -> str:
+    op = {"id": 1, "name": "a", "kind": "operation", "start": 1.0, "rss_start": 1, "end": 2.0, "rss_end": 2, **fields}
+    return '{"samples": [' + _SAMPLE + '], "operations": [' + json.dumps(op) + ']}'
+
+
+@pytest.mark.parametrize("content", [
+    "{not json", "[1, 2, 3]", '{"samples": [{"no_t": 1}]}', "",
+    "[" * 100_000 + "]" * 100_000,
+    '{"layer_stats": {"a": {"peak_increase": "big"}, "b": {"peak_increase": 1}}}',
+    '{"summary": {"forwards": "many"}, "layer_stats": {}}',
+    _with_op(end="later"),
+    _with_op(parent_id=[1]),
+], ids=["syntax", "not-a-timeline", "malformed-sample", "empty", "nested-too-deep", "layer-peak-a-string",
+        "forwards-a-word", "operation-end-a-string", "parent-id-a-list"])
 def test_analyze_garbage_is_one_line_exit_2(tmp_path: Path, content: str) -> None:
     path = tmp_path / "garbage.json"
     path.write_text(content)
