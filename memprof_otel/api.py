@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 import os
 import time
 from typing import Any, Callable, Iterable, TypeVar
@@ -191,6 +192,21 @@ class operation:
     @calls_application
     def __call__(self, fn: F) -> F:
         name, attrs = self.name, self.attributes
+        # a generator's body runs while it is iterated, not when it is called: the operation spans
+        # the iteration (a streamed response, token by token), from the first item to the last
+        if inspect.isasyncgenfunction(fn):
+            @functools.wraps(fn)
+            async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with operation(name, **attrs):
+                    async for item in fn(*args, **kwargs):
+                        yield item
+            return agen_wrapper  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+                with operation(name, **attrs):
+                    return (yield from fn(*args, **kwargs))
+            return gen_wrapper  # type: ignore[return-value]
         if asyncio.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def awrapper(*args: Any, **kwargs: Any) -> Any:

@@ -105,6 +105,47 @@ def test_operation_as_decorator_on_an_async_function():
     assert n == 5 and rec.name == "agen" and not rec.open and rec.duration >= 0.01
 
 
+def test_operation_as_decorator_on_generators_spans_the_iteration():
+    mp.start_monitoring(FAST)
+
+    @mp.operation("stream")
+    def stream(n):
+        """doc"""
+        for i in range(n):
+            time.sleep(0.05)  # the work of each item happens while it is iterated
+            yield i, mp.current_operation()
+        return "done"
+
+    @mp.operation("astream")
+    async def astream(n):
+        for i in range(n):
+            await asyncio.sleep(0.05)
+            yield i, mp.current_operation()
+
+    assert stream.__name__ == "stream" and stream.__doc__ == "doc"
+    items = []
+    gen = stream(3)
+    assert mp.current_operation() is None  # called, not iterated yet: no operation
+    while True:
+        try:
+            items.append(next(gen))
+        except StopIteration as stop:
+            assert stop.value == "done"  # the generator's return value gets through
+            break
+    assert [i for i, _ in items] == [0, 1, 2]
+    rec = items[0][1]
+    assert rec.name == "stream" and all(r is rec for _, r in items) and not rec.open
+    assert rec.duration >= 0.15  # the three items' work, not the call that made the generator
+
+    async def consume():
+        return [x async for x in astream(3)]
+
+    got = asyncio.run(consume())
+    arec = got[0][1]
+    assert [i for i, _ in got] == [0, 1, 2] and arec.name == "astream" and not arec.open
+    assert arec.duration >= 0.15
+
+
 def test_nested_operations_link_to_their_parent():
     mp.start_monitoring(FAST)
     with mp.operation("outer") as outer:
