@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -23,14 +22,13 @@ from typing import Any
 
 import pytest
 
+from tests.integration.binaries import required_binary
+
 INSTALL_HINT = "install it with `apt-get install -y prometheus` (CI does; the test never skips)"
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or ("/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None)
-    if found is None:
-        pytest.fail(f"the prometheus binary is missing: {INSTALL_HINT}")
-    return found
+    return required_binary("prometheus", INSTALL_HINT)
 
 
 def free_port() -> int:

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 import memprof_otel as mp
 from memprof_otel.dumps.pprof import parse_pprof
+from tests.integration.binaries import required_binary
 from tests.integration.helpers import JSON_HEADERS, Traffic, error_detail
 from tests.integration.test_dumps_and_oom import KNOWN_STACKS, N_A, N_B0, N_B1, Known, stacks
 from tests.integration.test_heap_diff import GROW_SITE, Grower
@@ -27,10 +27,7 @@ INSTALL_HINT = "install Go with `apt-get install -y golang-go` (it provides `go 
 
 
 def go_binary() -> str:
-    found = shutil.which("go") or ("/usr/bin/go" if os.access("/usr/bin/go", os.X_OK) else None)
-    if found is None:
-        pytest.fail(f"the go binary is missing: {INSTALL_HINT}")
-    return found
+    return required_binary("go", INSTALL_HINT)
 
 
 def go_pprof(tmp_path: Path, *args: str) -> str:
