@@ -198,14 +198,21 @@ def _om_samples(text: str, worker: str | None = None) -> set[tuple[Any, ...]]:
     return out
 
 
-def test_single_port_scrape_of_a_real_runtime_is_each_workers_exposition_labelled(tmp_path: Path) -> None:
-    # GIVEN a monitored process with an instrumented model and an operation, in single-port mode,
-    # and another worker's file (here: a copy of this process's exposition under another pid)
+def _single_port_mlp(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
+    """Monitoring in single-port mode (this process's file in the returned folder) and a small
+    model instrumented with every forward attributed."""
     folder = tmp_path / "snapshots"
     mp.start_monitoring({"workers": {"snapshot_dir": str(folder), "snapshot_interval": "0.1s"},
                          "sampler": {"interval": "0.05s"}})
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     mp.instrument(model, name="mlp", every_n_forwards=1, overhead_budget=1.0)
+    return model, folder
+
+
+def test_single_port_scrape_of_a_real_runtime_is_each_workers_exposition_labelled(tmp_path: Path) -> None:
+    # GIVEN a monitored process with an instrumented model and an operation, in single-port mode,
+    # and another worker's file (here: a copy of this process's exposition under another pid)
+    model, folder = _single_port_mlp(tmp_path)
     with mp.operation("infer"):
         model(torch.randn(4, 16))
     own = folder / f"{os.getpid()}.om"
@@ -420,11 +427,7 @@ def test_gunicorn_preload_with_a_port_range_gives_each_worker_its_own_port(tmp_p
 
 def test_single_port_series_exported_counts_the_whole_answer_and_no_snapshot(tmp_path: Path) -> None:
     # GIVEN single-port mode with this process's file and another worker's (a copy under a live pid)
-    folder = tmp_path / "snapshots"
-    mp.start_monitoring({"workers": {"snapshot_dir": str(folder), "snapshot_interval": "0.1s"},
-                         "sampler": {"interval": "0.05s"}})
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    mp.instrument(model, name="mlp", every_n_forwards=1, overhead_budget=1.0)
+    model, folder = _single_port_mlp(tmp_path)
     model(torch.randn(4, 16))
     own = folder / f"{os.getpid()}.om"
     _until(lambda: own.exists() and b'layer="2"' in own.read_bytes(), 10, "this process's file with the layers")
