@@ -26,9 +26,6 @@ from .jobs import DumpJob, DumpJobs, ShuttingDown
 from .store import DumpInfo, DumpStore, default_dir
 
 
-SHUTTING_DOWN = "memprof-otel is shutting down"  # why a capture ended by end_pending() failed
-
-
 class Capturable(Protocol):
     """An instrumented model as the dump service sees it (``Instrumentation`` is one)."""
 
@@ -68,7 +65,7 @@ class DumpService:
         self._lock = threading.Lock()
         self.related: dict[str, DumpInfo] = {}  # speedscope dump id -> its CUDA history snapshot
         self.jobs = DumpJobs()
-        self._pending: dict[str, Capture] = {}  # job id -> its armed capture, while the job runs
+        self._pending: dict[str, tuple[DumpJob, Capture]] = {}  # job id -> it and its armed capture, while it runs
 
     @property
     def dir(self) -> Path:
@@ -110,7 +107,7 @@ class DumpService:
         job = DumpJob(h.name, forwards, timeout)
         self.jobs.add(job)
         with self._lock:
-            self._pending[job.id] = cap
+            self._pending[job.id] = (job, cap)
         worker = threading.Thread(target=self._run_job, args=(job, h, cap, timeout, reason),
                                   name=f"memprof-dump-{job.id}", daemon=True)
         try:
@@ -140,8 +137,9 @@ class DumpService:
         (a caller long-polling it gets its answer now, not at its ``wait``). Their count."""
         with self._lock:
             pending = list(self._pending.values())
-        for cap in pending:
-            cap.cancel(SHUTTING_DOWN)
+        for job, cap in pending:
+            job.fail(ShuttingDown(f"{job.model!r}: memprof-otel is shutting down"))  # first: the job's answer
+            cap.cancel("memprof-otel is shutting down")  # then its worker wakes, and its own fail is a no-op
         return len(pending)
 
     def _arm(self, model: str | None, forwards: int) -> tuple[Capturable, Capture]:
@@ -159,7 +157,7 @@ class DumpService:
             raise CaptureTimeout(f"no forward of {h.name!r} completed within {timeout:g} s "
                                  f"({cap.completed}/{forwards} captured)")
         if cap.failed is not None and cap.completed == 0:
-            raise (ShuttingDown if cap.failed == SHUTTING_DOWN else InstrumentationError)(f"{h.name!r}: {cap.failed}")
+            raise InstrumentationError(f"{h.name!r}: {cap.failed}")
         return self.store_capture(h.name, cap, reason)
 
     def store_capture(self, model: str, cap: Capture, reason: str) -> DumpInfo:
