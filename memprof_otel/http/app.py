@@ -124,10 +124,9 @@ def json_response(status: int, obj: Any, headers: dict[str, str] | None = None) 
     return Response(status, dumps(obj), JSON, headers or {})
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact JSON. A NaN or infinity that reached a response (a source reading, say) is sent as
-    null: strict JSON has no such numbers, and a read route must not fail over one value."""
-    return json_bytes(obj)
+# compact strict JSON; a NaN or infinity that reached a response (a source reading, say) is sent as
+# null: strict JSON has no such numbers, and a read route must not fail over one value
+dumps = json_bytes
 
 
 def error_response(status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> Response:

@@ -64,10 +64,10 @@ class _CallbackRunner:
     """Runs the user's alert callbacks on a thread of their own, one alert after another: a slow
     or blocking callback must not hold the sampler thread that evaluates the rules (its ticks feed
     ``/healthz``, the timeline and every other rule). Each callback runs in its own try, so one
-    that raises does not keep the alert from the others. ``failed(what)`` counts each failure and
-    each alert dropped because the queue was full."""
+    that raises does not keep the alert from the others. ``failed()`` counts each failure and each
+    alert dropped because the queue was full."""
 
-    def __init__(self, callbacks: list[AlertCallback], failed: Callable[[str], None]) -> None:
+    def __init__(self, callbacks: list[AlertCallback], failed: Callable[[], None]) -> None:
         self._callbacks = callbacks
         self._failed = failed
         self._lock = threading.Lock()
@@ -82,7 +82,7 @@ class _CallbackRunner:
             try:
                 self._queue.put_nowait(alert)
             except queue.Full:
-                self._failed("dropped")
+                self._failed()
                 rate_limited.warning("alert-callback-dropped", "memprof_otel: alert %s not handed to the "
                                      "callbacks: %d alerts wait for a callback that has not returned",
                                      alert.get("rule"), CALLBACK_QUEUE)
@@ -105,7 +105,7 @@ class _CallbackRunner:
                 try:
                     _call_back(fn, alert)
                 except Exception as e:
-                    self._failed("raised")
+                    self._failed()
                     rate_limited.warning(f"alert-callback:{getattr(fn, '__qualname__', fn)}",
                                          "memprof_otel: alert callback %r failed: %r", fn, e)
             self._queue.task_done()
@@ -140,7 +140,7 @@ class Watchdog:
         self._last_dump = float("-inf")
         self.action_errors = 0
         self.dump_threads: list[threading.Thread] = []
-        self.callbacks = _CallbackRunner(callbacks, lambda why: self._action_failed("callback"))
+        self.callbacks = _CallbackRunner(callbacks, lambda: self._action_failed("callback"))
 
     def _action_failed(self, action: str) -> None:
         self.action_errors += 1
