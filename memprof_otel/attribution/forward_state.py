@@ -53,7 +53,7 @@ _perf_counter = time.perf_counter
 
 class ForwardState:
     __slots__ = ("paths", "root_key", "root_path", "counter", "tracker", "calls", "events", "origin_s", "baseline",
-                 "on_error", "self_time_s", "listener", "births", "shared_counter", "overlapped", "lost", "root_only", "_read",
+                 "on_error", "self_time_s", "listener", "births", "shared_counter", "overlapped", "lost", "root_only", "kernel", "_read",
                  "_enter_t", "_exit_t")
 
     def __init__(self, paths: dict[int, str], root_key: int, root_path: str, counter: HotCounter, origin_s: float,
@@ -82,6 +82,9 @@ class ForwardState:
         # a forward the scheduler did not pick, read at its root only for the memory model
         # (capacity.root_readings): not an attributed forward, its figures feed nothing else
         self.root_only = False
+        # the root's reading in the units its limit counts (kernel_reading.py): a mark from the
+        # start, its figure (or None) once the forward ended
+        self.kernel: Any = None
         # bound once: these run on every module call of the forward
         self._read = counter.read_and_reset
         self._enter_t = self.tracker.enter

@@ -220,7 +220,7 @@ class Instrumentation:
         """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
         with the model's error on shapes it was not fitted on and whether this shape lies outside
         those seen. ``peak_bytes`` is None, with ``reason``, when the model cannot answer yet."""
-        return self._capacity_on().predict(features)
+        return self._capacity_on().predict(features, self.last_device)
 
     def fits(self, *, unknown: bool = True, **features: int) -> bool:
         """Would one forward of this shape fit in the memory its device has available now, with
@@ -322,7 +322,7 @@ class Instrumentation:
         if state.root_only:  # only the memory model hears of it; a figure another forward moved is dropped
             if dropped is None and shape and not raised and self.capacity is not None and calls:
                 root = calls[-1]
-                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1], state.kernel)
                 self.capacity.root_readings += 1
             elif self.capacity is not None and dropped is not None:
                 self.capacity.root_readings_dropped += 1
@@ -339,7 +339,8 @@ class Instrumentation:
         if shape and not raised and self.capacity is not None:
             root = next((c for c in reversed(calls) if c[0] == state.root_path), None)
             if root is not None:  # the opener's own call: the forward's peak above its entry level
-                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1])
+                # (and, read apart, the same forward in the units its limit counts)
+                self.capacity.observe(shape, root[2] - root[1], root[3] - root[1], state.kernel)
         if state.events:
             with self._events_lock:
                 overflow = len(self._events) + len(state.events) - (self._events.maxlen or 0)

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 CUDA_DEVICE, MIG, CGROUP, PHYSICAL, CONFIGURED = "cuda_device", "mig", "cgroup", "physical", "configured"
+MEMORY_FRACTION, HAMI = "memory_fraction", "hami"  # torch's per-process fraction; a HAMi quota
+
+# The units a forward's figure is counted in (what the memory model learnt, what its answers are in)
+PROCESS_RESIDENT = "process_resident"  # the rise of the process's resident high-water mark (CPU)
+CUDA_RESERVED = "cuda_reserved"        # the growth of the caching allocator's reserved bytes (CUDA)
+TENSOR = "tensor"                      # tensor storage (the ledger's, the allocator's allocated bytes)
 
 
 @dataclass(frozen=True)
@@ -86,3 +92,4 @@ class CapacityFigures:
     fit_error: float | None
     max_safe_batch: Mapping[int, int]
     budget: Budget | None
+    unit: str = TENSOR  # what the peaks count (PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)

@@ -9,6 +9,7 @@ every request costs a dictionary lookup and a few multiplications.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import threading
@@ -17,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .budget import TENSOR
 from .fit import Fit, SplitFit, Term, fit, fit_with_errors, term_name, terms_for
 from .shapes import CACHE_LEN
 
@@ -61,6 +63,15 @@ class ShapeRecord:
         return statistics.median(self.peaks)
 
     @property
+    def above_median(self) -> float:
+        """max / median - 1 of the recent peaks: how far a repeat of this shape rose above the
+        figure the fit is given; 0 with fewer than three."""
+        if len(self.peaks) < 3:
+            return 0.0
+        m = self.peak
+        return max(self.peaks) / m - 1 if m > 0 else 0.0
+
+    @property
     def spread(self) -> float:
         """(max - min) / median of the recent peaks; 0 with fewer than three."""
         if len(self.peaks) < 3:
@@ -86,12 +97,19 @@ class Prediction:
     varies: bool                    # same shape, very different peaks: memory depends on the data
     shapes: int                     # distinct shapes the fit used
     reason: str | None = None
+    # the worst rise of a repeat above its shape's median (the fit's figure), folded into upper_bytes
+    repeat_ratio: float = 0.0
+    unit: str = TENSOR              # what the figures count (budget.PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)
+    gap_ratio: float | None = None  # a tensor answer's allowance for what its limit counts beyond tensors
+    gap_bytes: int | None = None    # the same allowance in bytes (CUDA: the reserved growth seen above allocated)
 
     def to_dict(self) -> dict[str, Any]:
         return {"features": self.features, "peak_increase_bytes": self.peak_bytes,
                 "error_ratio": self.error_ratio, "upper_bytes": self.upper_bytes,
                 "extrapolates": self.extrapolates, "extrapolation": self.extrapolation,
-                "data_dependent": self.varies, "shapes": self.shapes, "reason": self.reason}
+                "data_dependent": self.varies, "shapes": self.shapes, "reason": self.reason,
+                "repeat_ratio": self.repeat_ratio, "unit": self.unit, "gap_ratio": self.gap_ratio,
+                "gap_bytes": self.gap_bytes}
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,7 @@ class FitState:
     varies: tuple[Key, ...]
     reason: str | None
     needed: int  # more distinct shapes needed (0 when answering)
+    repeat_ratio: float = 0.0  # the worst max/median - 1 over the shapes' recent repeats
 
 
 class MemoryModel:
@@ -207,8 +226,12 @@ class MemoryModel:
             with self._lock:
                 version = self._version
                 recs = [(k, dict(r.features), r.peak, r.spread) for k, r in self._shapes.items()]
+                above = {k: r.above_median for k, r in self._shapes.items()}
             started = time.perf_counter()
             states = _fit_states(recs)
+            for regime, st in states.items():  # the same shape again can rise above its median
+                ups = [above[k] for k, f, _, _ in recs if regime_of(f) == regime]
+                states[regime] = dataclasses.replace(st, repeat_ratio=round(max(ups, default=0.0), 4))
             with self._lock:
                 self._last_refit_s = time.perf_counter() - started
                 if version >= self._fitted_version:
@@ -243,8 +266,10 @@ class MemoryModel:
         far = _extrapolation(feats, st.ranges)
         peak = max(0.0, st.fit.predict(feats))
         err = st.extrapolation_error_ratio if far else st.error_ratio
-        return Prediction(feats, int(round(peak)), err, int(math.ceil(peak * (1 + err))) if err is not None else None,
-                          bool(far), far, bool(st.varies), st.rows)
+        up = st.repeat_ratio
+        return Prediction(feats, int(round(peak)), err,
+                          int(math.ceil(peak * (1 + err) * (1 + up))) if err is not None else None,
+                          bool(far), far, bool(st.varies), st.rows, repeat_ratio=up)
 
     def largest_recent(self, since_unix: float) -> ShapeRecord | None:
         """The shape with the largest measured peak among those seen since ``since_unix``."""
@@ -252,10 +277,12 @@ class MemoryModel:
         return max(recent, key=lambda r: r.peak) if recent else None
 
     def max_safe(self, available_bytes: float, fixed: Mapping[str, int], vary: str,
-                 limit: int = 1 << 20) -> int | None:
+                 limit: int = 1 << 20, scale: float = 1.0, extra: float = 0.0) -> int | None:
         """The largest value of feature ``vary`` (others ``fixed``) whose predicted peak plus its
-        error fits in ``available_bytes``: 0 when not even 1 does; None when the model cannot
-        answer. The fit is non-decreasing in every feature, so a binary search is exact."""
+        error (and the rise of repeats above their median; ``scale`` and ``extra``: a tensor figure's
+        allowance for what the limit counts beyond it, as a factor and in bytes) fits in ``available_bytes``: 0 when not even 1 does;
+        None when the model cannot answer. The fit is non-decreasing in every feature, so a binary
+        search is exact."""
         st = self.state(regime_of({**fixed, vary: 1}))
         if st.fit is None or st.reason is not None or st.error_ratio is None:
             return None
@@ -266,10 +293,10 @@ class MemoryModel:
         def slack_of(v: int) -> float:
             inside = st.ranges.get(vary, (v, v))[0] <= v <= st.ranges.get(vary, (v, v))[1] and not _extrapolation(
                 fixed, st.ranges)
-            return 1 + (st.error_ratio if inside else far)  # type: ignore[operator]
+            return (1 + (st.error_ratio if inside else far)) * (1 + st.repeat_ratio) * scale  # type: ignore[operator]
 
         def ok(v: int) -> bool:
-            return st.fit.predict({**fixed, vary: v}) * slack_of(v) <= available_bytes  # type: ignore[union-attr]
+            return st.fit.predict({**fixed, vary: v}) * slack_of(v) + extra <= available_bytes  # type: ignore[union-attr]
 
         if not ok(1):
             return 0
@@ -287,6 +314,7 @@ class MemoryModel:
         return {"regimes": {regime: {
                     "shapes": st.rows, "more_shapes_needed": st.needed, "reason": st.reason,
                     "error_ratio": st.error_ratio, "extrapolation_error_ratio": st.extrapolation_error_ratio,
+                    "repeat_ratio": st.repeat_ratio,
                     "fit": st.fit.to_dict() if st.fit is not None else None,
                     "feature_ranges": {k: list(v) for k, v in sorted(st.ranges.items())},
                     "data_dependent_shapes": [dict(k) for k in st.varies]} for regime, st in states.items()},

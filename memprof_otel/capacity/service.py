@@ -1,18 +1,45 @@
 """One instrumented model's capacity answers: its memory model, fed by the handle after each
-measured forward, and the questions a server and its operators ask of it."""
+measured forward, and the questions a server and its operators ask of it.
+
+Two tables learn the same forwards: one in tensor bytes (the per-layer figures' unit) and one in
+the units the forward's limit counts, where they are read (``attribution/kernel_reading.py``: the
+rise of the process's resident high-water mark on CPU, the growth of the CUDA allocator's reserved
+bytes). The answers come from the second as soon as its fit answers; until then from the tensor
+fit, with its upper bound raised by the largest gap seen between the two figures of one shape.
+Every answer says which unit it is in (``unit``) and, when tensor, why (``unit_note``).
+"""
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .._callouts import calls_application
 from ..config import CapacityConfig
-from .budget import CapacityFigures
+from ..sources import process_hwm
+from .budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
 from .budget_reader import BudgetReader
-from .model import MemoryModel, Prediction
+from .model import PREFILL, MemoryModel, Prediction, key_of, regime_of
 from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
 
 TABLE_ROWS = 8  # sequence lengths in the max-safe-batch table when none are configured
+# shapes whose tensor peak is under this say nothing of the gap between the two figures: the
+# resident figure moves in pages and with whatever else the heap did meanwhile
+GAP_MIN_BYTES = 1 << 20
+
+
+class Answering(NamedTuple):
+    """Which table answers, in which unit, and what its upper bounds get on top: ``scale`` (a
+    factor) and ``extra`` (bytes); ``note``: why the answer is not in the limit's units, or None."""
+    model: MemoryModel
+    unit: str
+    scale: float
+    extra: float
+    note: str | None
+
+
+_UNIT_WORDS = {PROCESS_RESIDENT: "the process's resident memory", CUDA_RESERVED: "the CUDA allocator's reserved bytes"}
 
 
 
@@ -25,7 +52,10 @@ class Capacity:
     def __init__(self, config: CapacityConfig, shape_of: ShapeOf | None = None,
                  budgets: BudgetReader | None = None) -> None:
         self.config = config
-        self.model = MemoryModel(config.max_shapes)
+        self.model = MemoryModel(config.max_shapes)   # tensor figures
+        self.kernel = MemoryModel(config.max_shapes)  # the same forwards in the units their limit counts
+        self.kernel_unit: str | None = None           # which units (None: no such reading yet)
+        self.kernel_readings = 0
         self._shape_of = shape_of
         self.budgets = budgets or BudgetReader(config.margin_ratio, config.margin_bytes,
                                                limit_bytes=config.limit_bytes)
@@ -40,17 +70,83 @@ class Capacity:
             return default_shape_of(args, kwargs) or None
         return checked(_call_shape_of(self._shape_of, args, kwargs)) or None
 
-    def observe(self, features: Features, peak_increase: int, retained: int) -> None:
+    def observe(self, features: Features, peak_increase: int, retained: int, kernel: Any = None) -> None:
+        """One measured forward: its tensor figures and, where read, ``kernel``: the same forward in
+        its limit's units (``unit``, ``peak_increase``, ``retained``)."""
         self.model.observe(features, peak_increase, retained)
+        if kernel is None:
+            return
+        # never below the tensor figure: a forward served from pages the heap kept resident, or from
+        # the CUDA allocator's cached segments, raised the kernel's count less than it needed; a
+        # larger one would not find them all (its figure would be extrapolated from too little)
+        peak = max(int(kernel.peak_increase), int(peak_increase))
+        self.kernel.observe(features, peak, int(kernel.retained))
+        self.kernel_unit = kernel.unit
+        self.kernel_readings += 1
+
+    # ---- which figures answer ------------------------------------------------------------------
+    def _both(self) -> list[tuple[float, float]]:
+        """(tensor figure, figure in the limit's units) of each shape read both ways."""
+        tensor = {key_of(r.features): r.peak for r in self.model.shapes()}
+        return [(tensor[k], r.peak) for r in self.kernel.shapes() if (k := key_of(r.features)) in tensor]
+
+    def gap_ratio(self) -> float | None:
+        """The largest ratio, over the shapes read both ways, of a shape's figure in its limit's units
+        to its tensor figure (None: no such shape; shapes under GAP_MIN_BYTES say nothing)."""
+        ratios = [k / t for t, k in self._both() if t >= GAP_MIN_BYTES]
+        return round(max(ratios), 4) if ratios else None
+
+    def gap_bytes(self) -> int | None:
+        """The largest excess, in bytes, of a shape's figure in its limit's units over its tensor
+        figure (None: no shape read both ways)."""
+        both = self._both()
+        return int(max(max(0.0, k - t) for t, k in both)) if both else None
+
+    def answering(self, regime: str, device: str) -> Answering:
+        """Where the forwards' figures in their limit's units are read, the answers are in them.
+
+        On CPU (the process's resident memory) they are fitted as they are: the rise grows with the
+        tensors it holds. On CUDA the reserved growth is a step function of the shape (a 4 MB
+        request takes a 20 MiB segment), which no smooth fit follows: the allocated-bytes fit
+        answers, with the largest excess of reserved growth over it seen added (the allocator's
+        rounding, measured). Until then the tensor fit answers, its upper bounds raised by the
+        largest ratio seen between the two figures of one shape."""
+        if self.kernel_unit == CUDA_RESERVED:
+            return Answering(self.model, CUDA_RESERVED, 1.0, float(self.gap_bytes() or 0), None)
+        if self.kernel_unit is not None:
+            st = self.kernel.state(regime)
+            if st.fit is not None and st.reason is None:
+                return Answering(self.kernel, self.kernel_unit, 1.0, 0.0, None)
+        gap = self.gap_ratio()
+        scale = max(1.0, gap or 1.0)
+        if self.kernel_unit is not None:
+            why = (f"the fit of {_UNIT_WORDS.get(self.kernel_unit, self.kernel_unit)} cannot answer yet "
+                   f"({self.kernel.state(regime).reason}); tensor figures answer")
+        elif device == "cpu":
+            down = process_hwm.shared().reason()
+            why = (f"{down}: tensor figures answer, not the process's resident memory" if down else
+                   "no forward read in the process's resident memory yet: tensor figures answer")
+        elif device.startswith("cuda"):
+            why = "no forward read in the CUDA allocator's reserved bytes yet: tensor figures answer"
+        else:
+            why = f"only tensor figures are read on {device}"
+        if gap is not None and gap > 1.0:
+            why += f", their upper bounds raised by the largest gap seen ({gap:.3f}x)"
+        return Answering(self.model, TENSOR, scale, 0.0, why)
 
     # ---- questions -------------------------------------------------------------------------
-    def predict(self, features: Mapping[str, int]) -> Prediction:
-        return self.model.predict(checked(features))
+    def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
+        feats = checked(features)
+        a = self.answering(regime_of(feats), device)
+        p = a.model.predict(feats)
+        upper = int(math.ceil(p.upper_bytes * a.scale + a.extra)) if p.upper_bytes is not None else None
+        return dataclasses.replace(p, unit=a.unit, upper_bytes=upper, gap_ratio=a.scale if a.scale > 1.0 else None,
+                                   gap_bytes=int(a.extra) if a.extra else None)
 
     def fits(self, device: str, features: Mapping[str, int], unknown: bool = True) -> bool:
         """Would a forward of this shape fit now? The prediction plus its error against what the
         device has available; ``unknown`` when the model or the limit cannot answer."""
-        p = self.model.predict(checked(features))
+        p = self.predict(features, device)
         if p.upper_bytes is None:
             return unknown
         budget, _ = self.budgets.read(device)
@@ -58,10 +154,10 @@ class Capacity:
             return unknown
         return p.upper_bytes <= budget.available_bytes
 
-    def table_seq_lens(self) -> list[int]:
+    def table_seq_lens(self, model: MemoryModel | None = None) -> list[int]:
         if self.config.seq_lens:
             return list(self.config.seq_lens)
-        seen = sorted({r.features[SEQ_LEN] for r in self.model.shapes() if SEQ_LEN in r.features})
+        seen = sorted({r.features[SEQ_LEN] for r in (model or self.model).shapes() if SEQ_LEN in r.features})
         return seen[-TABLE_ROWS:]
 
     def _fixed_others(self, shapes: list[Any], leave: set[str]) -> dict[str, int]:
@@ -75,52 +171,61 @@ class Capacity:
                     out[k] = 0 if k == CACHE_LEN else max(out.get(k, 0), v)
         return out
 
-    def max_safe_batches(self, available: int) -> dict[int, int]:
-        shapes = self.model.shapes()
+    def max_safe_batches(self, available: int, device: str = "cpu") -> dict[int, int]:
+        a = self.answering(PREFILL, device)
+        shapes = a.model.shapes()
         if not shapes or BATCH not in shapes[0].features:
             return {}
         others = self._fixed_others(shapes, {BATCH, SEQ_LEN})
         out = {}
-        for s in self.table_seq_lens():
-            n = self.model.max_safe(available, {**others, SEQ_LEN: s}, BATCH)
+        for s in self.table_seq_lens(a.model):
+            n = a.model.max_safe(available, {**others, SEQ_LEN: s}, BATCH, scale=a.scale, extra=a.extra)
             if n is not None:
                 out[s] = n
         return out
 
-    def max_safe_seq_len(self, available: int, batch: int) -> int | None:
-        shapes = self.model.shapes()
+    def max_safe_seq_len(self, available: int, batch: int, device: str = "cpu") -> int | None:
+        a = self.answering(PREFILL, device)
+        shapes = a.model.shapes()
         if not shapes or SEQ_LEN not in shapes[0].features or BATCH not in shapes[0].features:
             return None
         others = self._fixed_others(shapes, {BATCH, SEQ_LEN})
-        return self.model.max_safe(available, {**others, BATCH: batch}, SEQ_LEN)
+        return a.model.max_safe(available, {**others, BATCH: batch}, SEQ_LEN, scale=a.scale, extra=a.extra)
 
     def figures(self, device: str, now_unix: float | None = None) -> CapacityFigures:
         now = time.time() if now_unix is None else now_unix
         budget, _ = self.budgets.read(device)
-        largest = self.model.largest_recent(now - self.config.recent_window)
+        model, unit = self.answering(PREFILL, device)[:2]
+        largest = model.largest_recent(now - self.config.recent_window)
         predicted = measured = headroom = None
         if largest is not None:
             measured = largest.peak
-            p = self.model.predict(largest.features)
+            p = self.predict(largest.features, device)
             if p.peak_bytes is not None:
                 predicted = float(p.peak_bytes)
                 if budget is not None and p.upper_bytes is not None:
                     headroom = float(budget.available_bytes - p.upper_bytes)
-        table = self.max_safe_batches(budget.available_bytes) if budget is not None else {}
-        return CapacityFigures(device, predicted, measured, headroom, self.model.error_ratio, table, budget)
+        table = self.max_safe_batches(budget.available_bytes, device) if budget is not None else {}
+        return CapacityFigures(device, predicted, measured, headroom, model.error_ratio, table, budget, unit)
 
     def answer(self, device: str, features: Mapping[str, int] | None) -> dict[str, Any]:
         """The ``/v1/headroom`` document for this model (``features`` None: the table)."""
         budget, why_no_limit = self.budgets.read(device)
-        doc: dict[str, Any] = {"device": device, "model_fit": self.model.describe(),
+        a = self.answering(regime_of(features) if features is not None else PREFILL, device)
+        model, unit = a.model, a.unit
+        doc: dict[str, Any] = {"device": device, "unit": unit, "unit_note": a.note, "gap_ratio": self.gap_ratio(),
+                               "gap_bytes": self.gap_bytes(),
+                               "kernel_readings": self.kernel_readings, "model_fit": model.describe(),
                                "budget": budget.to_dict() if budget is not None else None,
                                "budget_reason": why_no_limit,
-                               "shapes": [r.to_dict() for r in sorted(self.model.shapes(),
+                               "shapes": [r.to_dict() for r in sorted(model.shapes(),
                                                                       key=lambda r: sorted(r.features.items()))],
                                "shape_errors": self.shape_errors, "root_readings": self.root_readings,
                                "root_readings_dropped": self.root_readings_dropped}
+        if model is not self.model:
+            doc["tensor_model_fit"] = self.model.describe()
         if features is not None:
-            p = self.predict(features)
+            p = self.predict(features, device)
             doc["prediction"] = p.to_dict()
             fits = None
             if p.upper_bytes is not None and budget is not None:
@@ -129,11 +234,12 @@ class Capacity:
             doc["fits"] = fits
             return doc
         if budget is not None:
-            doc["max_safe_batch"] = {str(k): v for k, v in self.max_safe_batches(budget.available_bytes).items()}
+            doc["max_safe_batch"] = {str(k): v for k, v in self.max_safe_batches(budget.available_bytes,
+                                                                                  device).items()}
             if self.config.batch is not None:
                 doc["max_safe_seq_len"] = {"batch": self.config.batch,
                                            "seq_len": self.max_safe_seq_len(budget.available_bytes,
-                                                                            self.config.batch)}
+                                                                            self.config.batch, device)}
         return doc
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 
 import psutil
 
+from memprof_otel.sources import process_hwm
 from memprof_otel.sources.base import Reading, ratio
 from memprof_otel.sources.cgroup import LimitCache, dirs_from, find_dirs, memory_limit
 _fork_generation = 0
@@ -226,6 +227,10 @@ class ProcessSource:
             out["resident_memory_bytes"] = float(current.allocated)
             out["virtual_memory_bytes"] = float(current.reserved)
         if (hwm := self._vm_hwm()) is not None:
+            if self._real_proc and self._pid in ("self", str(os.getpid())):
+                # the memory model resets the kernel's mark around forwards (process_hwm.py),
+                # which keeps the lifetime peak it read before each reset
+                hwm = max(hwm, process_hwm.shared().lifetime_peak())
             out["peak_resident_memory_bytes"] = float(hwm)
             if not self._was_reset:
                 self._peak = max(self._peak, hwm)

@@ -34,6 +34,7 @@ from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
 from ..keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
 from ..open_forwards import OpenForwards
+from .. import kernel_reading
 from .backend import KerasBackend
 
 _log = logging.getLogger("memprof_otel")
@@ -207,6 +208,9 @@ class KerasInstrumentation(Instrumentation):
                 tls.shape = self._shape(args, kwargs)  # the model's shapes: a layer's own are not
             if tls.state is not None:
                 tls.state.begin(t)
+                if tls.shape:  # on CPU, the forward's rise of the process's resident memory too;
+                    # a GPU's figures here are TensorFlow's or JAX's, not torch's allocator's
+                    tls.state.kernel = kernel_reading.begin(self.last_device, tls.overlapped, cuda=False)
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
@@ -235,6 +239,7 @@ class KerasInstrumentation(Instrumentation):
                 root = calls[-1] if calls and calls[-1].path == state.root_path else None
                 shape, tls.shape = tls.shape, None
                 alone = not state.overlapped and _OPEN.ran_alone(tls.opened)
+                state.kernel = kernel_reading.end(state.kernel, alone and not raised)
                 self._publish(state, calls, t, raised, shape, None if alone else "concurrent")
             except Exception as e:
                 self._count_error("finish", e)

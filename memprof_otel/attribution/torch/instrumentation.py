@@ -36,6 +36,7 @@ from ...sources.ledger import LedgerMode, TensorLedger
 from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
 from ..instrumentation import Instrumentation
+from .. import kernel_reading
 from ..open_forwards import OpenForwards
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
@@ -239,6 +240,8 @@ class TorchInstrumentation(Instrumentation):
                     self._begin_compiled(module, "", t, root_only=True)
                 if tls.state is not None and not path and self.capacity is not None:
                     tls.shape = self._shape(args, kwargs)
+                    if tls.shape:  # the forward in the units its limit counts (process RSS, CUDA reserved)
+                        tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open())
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -516,16 +519,18 @@ class TorchInstrumentation(Instrumentation):
         state.begin(t)
 
     def _finish(self, state: ForwardState, t: float, raised: bool) -> None:
+        alone = _OPEN.ran_alone(self._tls.opened)  # asked once: each ask counts as an opening
+        state.kernel = kernel_reading.end(state.kernel, alone and not raised)
         self._pop_mode()
         calls = state.finish(t, raised)
         shape, self._tls.shape = self._tls.shape, None
-        self._publish(state, calls, t, raised, shape, self._dropped(state))
+        self._publish(state, calls, t, raised, shape, self._dropped(state, alone))
 
-    def _dropped(self, state: ForwardState) -> str | None:
+    def _dropped(self, state: ForwardState, alone: bool) -> str | None:
         """Why this forward's figures must not be published, or None."""
         if state.lost is not None:
             return "trace_lost"
-        if state.shared_counter and (state.overlapped or not _OPEN.ran_alone(self._tls.opened)):
+        if state.shared_counter and (state.overlapped or not alone):
             return "concurrent"
         return None
 
