@@ -86,14 +86,19 @@ class Capacity:
 
     # ---- which figures answer ------------------------------------------------------------------
     def _both(self) -> list[tuple[float, float]]:
-        """(tensor figure, figure in the limit's units) of each shape read both ways."""
+        """(tensor figure, the largest figure in the limit's units) of each shape read both ways."""
         tensor = {key_of(r.features): r.peak for r in self.model.shapes()}
-        return [(tensor[k], r.peak) for r in self.kernel.shapes() if (k := key_of(r.features)) in tensor]
+        return [(tensor[k], float(max(r.peaks))) for r in self.kernel.shapes()
+                if (k := key_of(r.features)) in tensor and r.peaks]
 
     def gap_ratio(self) -> float | None:
-        """The largest ratio, over the shapes read both ways, of a shape's figure in its limit's units
-        to its tensor figure (None: no such shape; shapes under GAP_MIN_BYTES say nothing)."""
-        ratios = [k / t for t, k in self._both() if t >= GAP_MIN_BYTES]
+        """The largest ratio of a shape's figure in its limit's units to its tensor figure, over the
+        shapes read both ways whose tensor figure is at least GAP_MIN_BYTES and a quarter of the
+        largest (small ones say more of page granularity and first touches than of the forward's
+        overhead); None: no such shape."""
+        both = self._both()
+        floor = max([GAP_MIN_BYTES] + [t / 4 for t, _ in both])
+        ratios = [k / t for t, k in both if t >= floor]
         return round(max(ratios), 4) if ratios else None
 
     def gap_bytes(self) -> int | None:
@@ -103,25 +108,22 @@ class Capacity:
         return int(max(max(0.0, k - t) for t, k in both)) if both else None
 
     def answering(self, regime: str, device: str) -> Answering:
-        """Where the forwards' figures in their limit's units are read, the answers are in them.
-
-        On CPU (the process's resident memory) they are fitted as they are: the rise grows with the
-        tensors it holds. On CUDA the reserved growth is a step function of the shape (a 4 MB
-        request takes a 20 MiB segment), which no smooth fit follows: the allocated-bytes fit
-        answers, with the largest excess of reserved growth over it seen added (the allocator's
-        rounding, measured). Until then the tensor fit answers, its upper bounds raised by the
-        largest ratio seen between the two figures of one shape."""
+        """The tensor fit answers (exact and smooth: its error on shapes left out is a few percent),
+        in the units the limit counts where those are read: its upper bounds raised by what the
+        kernel was seen to count beyond the tensors. On CPU that is a ratio: a forward's resident
+        rise depends on the heap's state (pages the heap kept resident are reused; a fresh heap
+        faults in ~1.4x the tensor bytes, measured), so a fit of the rises has that state for noise
+        (84 % error on shapes left out, measured) while the worst ratio seen bounds it. On CUDA it is
+        bytes: reserved growth is a step function of the shape (a 4 MB request takes a 20 MiB
+        segment), so the largest excess of reserved growth over allocated seen is added."""
         if self.kernel_unit == CUDA_RESERVED:
             return Answering(self.model, CUDA_RESERVED, 1.0, float(self.gap_bytes() or 0), None)
-        if self.kernel_unit is not None:
-            st = self.kernel.state(regime)
-            if st.fit is not None and st.reason is None:
-                return Answering(self.kernel, self.kernel_unit, 1.0, 0.0, None)
         gap = self.gap_ratio()
-        scale = max(1.0, gap or 1.0)
+        if self.kernel_unit is not None and gap is not None:
+            return Answering(self.model, self.kernel_unit, max(1.0, gap), 0.0, None)
         if self.kernel_unit is not None:
-            why = (f"the fit of {_UNIT_WORDS.get(self.kernel_unit, self.kernel_unit)} cannot answer yet "
-                   f"({self.kernel.state(regime).reason}); tensor figures answer")
+            why = (f"no forward of at least {GAP_MIN_BYTES >> 20} MiB of tensors read in "
+                   f"{_UNIT_WORDS.get(self.kernel_unit, self.kernel_unit)} yet: tensor figures answer")
         elif device == "cpu":
             down = process_hwm.shared().reason()
             why = (f"{down}: tensor figures answer, not the process's resident memory" if down else
@@ -130,9 +132,7 @@ class Capacity:
             why = "no forward read in the CUDA allocator's reserved bytes yet: tensor figures answer"
         else:
             why = f"only tensor figures are read on {device}"
-        if gap is not None and gap > 1.0:
-            why += f", their upper bounds raised by the largest gap seen ({gap:.3f}x)"
-        return Answering(self.model, TENSOR, scale, 0.0, why)
+        return Answering(self.model, TENSOR, 1.0, 0.0, why)
 
     # ---- questions -------------------------------------------------------------------------
     def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
@@ -222,8 +222,6 @@ class Capacity:
                                                                       key=lambda r: sorted(r.features.items()))],
                                "shape_errors": self.shape_errors, "root_readings": self.root_readings,
                                "root_readings_dropped": self.root_readings_dropped}
-        if model is not self.model:
-            doc["tensor_model_fit"] = self.model.describe()
         if features is not None:
             p = self.predict(features, device)
             doc["prediction"] = p.to_dict()

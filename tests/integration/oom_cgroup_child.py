@@ -1,0 +1,87 @@
+"""Child of test_oom_cgroup.py, run inside a memory cgroup the test made: a small BERT-shaped
+encoder of its own (4 layers, 256 wide, 4 heads, eager attention: the scores are materialised),
+every forward attributed, mixed traffic; then the batch the capacity model calls safe at the long
+sequence length, then larger ones until the kernel kills the process. Each line on stdout is one
+JSON record, flushed, so the parent knows how far it got."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import torch
+from torch import nn
+
+import memprof_otel as mp
+
+WIDTH, HEADS, LAYERS, FFN, VOCAB = 256, 4, 4, 1024, 1000
+LONG = 512
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.out = nn.Linear(WIDTH, WIDTH)
+        self.norm1 = nn.LayerNorm(WIDTH)
+        self.ffn = nn.Sequential(nn.Linear(WIDTH, FFN), nn.GELU(), nn.Linear(FFN, WIDTH))
+        self.norm2 = nn.LayerNorm(WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, HEADS, WIDTH // HEADS).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(WIDTH // HEADS)  # eager: b*h*s*s floats
+        ctx = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, WIDTH)
+        x = self.norm1(x + self.out(ctx))
+        return self.norm2(x + self.ffn(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.pos = nn.Embedding(LONG, WIDTH)
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids) + self.pos(torch.arange(input_ids.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
+
+def say(**kw: object) -> None:
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    h = mp.instrument(model, name="encoder", config={"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0}})
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(2):  # mixed traffic: batch 1-4, seq_len 64-512
+            for s in (64, 128, 256, 384, 512):
+                for b in (1, 2, 3, 4):
+                    model(torch.randint(0, VOCAB, (b, s), generator=gen))
+        h.capacity.kernel.states(force=True)
+        h.capacity.model.states(force=True)
+        doc = h.headroom()
+        safe = doc["max_safe_batch"].get(str(LONG))
+        say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"],
+            gap_ratio=doc["gap_ratio"], error_ratio=doc["model_fit"]["error_ratio"],
+            repeat_ratio=doc["model_fit"]["regimes"]["prefill"]["repeat_ratio"],
+            predicted=h.predict_peak(batch=safe, seq_len=LONG).to_dict() if safe else None)
+        if not safe:
+            return
+        step = max(1, math.ceil(safe * 0.04))
+        b = safe
+        while b <= 2 * safe:
+            model(torch.randint(0, VOCAB, (b, LONG), generator=gen))
+            say(phase="ran", batch=b)
+            b += step
+
+
+if __name__ == "__main__":
+    main()
