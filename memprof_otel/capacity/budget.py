@@ -25,7 +25,7 @@ class Budget:
     cgroup's working set (or, without a cgroup limit, the machine's used memory).
     """
     device: str
-    limit: str              # which limit: cuda_device | mig | cgroup | physical | configured
+    limit: str              # which limit: cuda_device | mig | memory_fraction | hami | cgroup | physical | configured
     limit_bytes: int
     held_elsewhere_bytes: int
     in_use_bytes: int
@@ -52,11 +52,47 @@ def margin(limit_bytes: int, ratio: float, fixed: int) -> int:
 
 
 def cuda_budget(device: str, total: int, free: int, reserved: int, allocated: int, mig: bool,
-                margin_ratio: float, margin_bytes: int) -> Budget:
-    """From ``cudaMemGetInfo`` (free/total of the device or MIG slice, everyone's use counted) and
-    the allocator's reserved/allocated: held elsewhere = total - free - our reserved."""
-    return Budget(device, MIG if mig else CUDA_DEVICE, total, max(0, total - free - reserved), allocated,
-                  margin(total, margin_ratio, margin_bytes))
+                margin_ratio: float, margin_bytes: int, fraction: float | None = None,
+                hami_bytes: int | None = None) -> Budget:
+    """The limit the caching allocator really fails at: the tightest of the device (or MIG slice:
+    ``cudaMemGetInfo``'s free/total, everyone's use counted; held elsewhere = total - free - our
+    reserved), ``torch.cuda.set_per_process_memory_fraction()`` x total (it caps this process's
+    reserved bytes alone: nothing is held elsewhere against it) and a HAMi quota
+    (``CUDA_DEVICE_MEMORY_LIMIT``: this container's use of the device, its CUDA context included;
+    other processes' use, which cudaMemGetInfo counts, is not against it, so nothing is taken as
+    held elsewhere and the margin must cover the context: HAMi's own hook usually reports the quota
+    as the device's total too). ``limit`` names the one that leaves the least available; ``notes``
+    the others."""
+    held = max(0, total - free - reserved)
+    options = [Budget(device, MIG if mig else CUDA_DEVICE, total, held, allocated,
+                      margin(total, margin_ratio, margin_bytes))]
+    if fraction is not None and 0 < fraction < 1:
+        cap = int(total * fraction)
+        options.append(Budget(device, MEMORY_FRACTION, cap, 0, allocated, margin(cap, margin_ratio, margin_bytes)))
+    if hami_bytes is not None and hami_bytes > 0:
+        options.append(Budget(device, HAMI, hami_bytes, 0, allocated,
+                              margin(hami_bytes, margin_ratio, margin_bytes)))
+    best = min(options, key=lambda b: b.available_bytes)
+    others = tuple(f"{b.limit}: {b.limit_bytes} bytes, {b.available_bytes} available" for b in options if b is not best)
+    return Budget(best.device, best.limit, best.limit_bytes, best.held_elsewhere_bytes, best.in_use_bytes,
+                  best.margin_bytes, others)
+
+
+def hami_limit(index: int, env: Mapping[str, str]) -> int | None:
+    """A HAMi quota for CUDA device ``index`` from its environment (``CUDA_DEVICE_MEMORY_LIMIT_<i>``,
+    else ``CUDA_DEVICE_MEMORY_LIMIT``): a number of bytes with an optional k/m/g suffix (powers of
+    1024, as HAMi-core reads it). None when unset or unreadable."""
+    raw = env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{index}") or env.get("CUDA_DEVICE_MEMORY_LIMIT")
+    if not raw:
+        return None
+    text = raw.strip().lower().removesuffix("b").removesuffix("i")
+    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(text[-1:], 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = float(digits)
+    except ValueError:
+        return None
+    return int(value * scale) if value > 0 else None
 
 
 def host_budget(cgroup_limit: int | None, cgroup_working_set: int | None, physical_total: int,

@@ -3,14 +3,15 @@ can ask before every request: the limit and what others hold move on the sampler
 not a request's."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
 
 import psutil
 
-from ..sources import registry
-from .budget import Budget, cuda_budget, host_budget, tighter
+from ..sources import process_hwm, registry
+from .budget import Budget, cuda_budget, hami_limit, host_budget, tighter
 
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
 
@@ -51,7 +52,10 @@ class BudgetReader:
             src = registry.cuda_allocator(int(device.partition(":")[2] or 0))
             return src.reading().allocated if src is not None else None
         proc = registry.process()
-        return proc.reading().allocated if proc is not None else None
+        if proc is None:
+            return None
+        rss = proc.reading().allocated
+        return rss - process_hwm.shared().in_flight_excess(rss)
 
     def _read(self, device: str) -> tuple[Budget | None, str | None]:
         if device.startswith("cuda"):
@@ -64,8 +68,8 @@ class BudgetReader:
                 return None, f"{device}: CUDA is not initialised in this process yet"
             free, total, mig = mem
             r = src.reading()
-            return cuda_budget(device, total, free, r.reserved, r.allocated, mig,
-                               self.margin_ratio, self.margin_bytes), None
+            return cuda_budget(device, total, free, r.reserved, r.allocated, mig, self.margin_ratio, self.margin_bytes,
+                               fraction=src.memory_fraction(), hami_bytes=hami_limit(index, os.environ)), None
         if device != "cpu":
             return None, f"no memory limit is known for device {device!r}"
         cg = registry.cgroup()
@@ -74,5 +78,9 @@ class BudgetReader:
             limit = cg.memory_limit()
             working_set = cg.stats().get("memory_working_set_bytes")
         vm = psutil.virtual_memory()
-        return host_budget(limit, int(working_set) if working_set is not None else None, int(vm.total),
-                           int(vm.available), self.margin_ratio, self.margin_bytes), None
+        # a reading taken while a forward runs holds its transient, which the answer about the next
+        # request would count twice: take off what the process gained since the forwards in flight began
+        proc = registry.process()
+        excess = process_hwm.shared().in_flight_excess(proc.reading().allocated) if proc is not None else 0
+        return host_budget(limit, int(working_set) - excess if working_set is not None else None, int(vm.total),
+                           int(vm.available) + excess, self.margin_ratio, self.margin_bytes), None

@@ -206,7 +206,7 @@ def _schemas() -> dict[str, Any]:
             "budget": {"type": ["object", "null"], "required": ["device", "limit", "limit_bytes", "held_elsewhere_bytes",
                                                                 "in_use_bytes", "margin_bytes", "usable_bytes",
                                                                 "available_bytes"], "properties": {
-                "limit": {"enum": ["cuda_device", "mig", "cgroup", "physical", "configured"]}}},
+                "limit": {"enum": ["cuda_device", "mig", "memory_fraction", "hami", "cgroup", "physical", "configured"]}}},
             "budget_reason": {"type": ["string", "null"]},
             "shapes": {"type": "array", "items": {"type": "object", "required": [
                 "features", "forwards", "peak_increase_bytes", "retained_bytes", "spread_ratio"]}},

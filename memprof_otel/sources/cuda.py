@@ -131,7 +131,8 @@ class CudaAllocatorSource:
 
     def __init__(self, device_index: int, *, stats_fn: StatsFn | None = None,
                  reset_peak_fn: ResetPeakFn | None = None,
-                 mem_info_fn: Callable[[int], tuple[int, int]] | None = None) -> None:
+                 mem_info_fn: Callable[[int], tuple[int, int]] | None = None,
+                 fraction_fn: Callable[[int], float | None] | None = None) -> None:
         if isinstance(device_index, bool) or not isinstance(device_index, int) or device_index < 0:
             raise ValueError(f"device_index must be an int >= 0, not {device_index!r}")
         if stats_fn is None or reset_peak_fn is None:
@@ -143,6 +144,7 @@ class CudaAllocatorSource:
         self._stats_fn: StatsFn = stats_fn
         self._reset_peak_fn: ResetPeakFn = reset_peak_fn
         self._mem_info_fn = mem_info_fn
+        self._fraction_fn = fraction_fn
         self._name_of_device: str | None = None
         # Guards the read-fold-reset sequence so a concurrent stats() cannot observe a reset
         # device peak before it has been folded into the lifetime maxima.
@@ -186,6 +188,22 @@ class CudaAllocatorSource:
             self._name_of_device = str(torch.cuda.get_device_name(self.device_index))
         free, total = torch.cuda.mem_get_info(self.device_index)
         return int(free), int(total), " MIG " in f" {self._name_of_device} "
+
+    def memory_fraction(self) -> float | None:
+        """The share of the device ``torch.cuda.set_per_process_memory_fraction()`` gave this process's
+        allocator (1.0 when unset); None where it cannot be read (CUDA not initialised yet, a torch
+        without ``get_per_process_memory_fraction``). Never raises."""
+        try:
+            if self._fraction_fn is not None:
+                return self._fraction_fn(self.device_index)
+            import torch  # loaded already: this source only exists where torch has CUDA
+
+            get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+            if get is None or not torch.cuda.is_initialized():
+                return None
+            return float(get(self.device_index))
+        except Exception:  # noqa: BLE001 - a limit unread is a limit not applied, never a crash
+            return None
 
     def reset_peak(self) -> None:
         """Fold the device peaks into the lifetime maxima, then reset them.

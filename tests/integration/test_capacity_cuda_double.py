@@ -115,3 +115,61 @@ def test_root_readings_leave_the_peak_register_alone_when_told(dev):
     model(torch.zeros(1, 16))
     assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] >= 512 * MIB
     assert h.capacity.root_readings == 1
+
+
+def _fenced(monkeypatch, fraction: float | None, capacity: int) -> ScriptedCudaAllocatorDouble:
+    """A scripted device of 1 GiB whose allocator fails past ``capacity`` reserved bytes (what
+    ``set_per_process_memory_fraction`` or a HAMi quota does to the real one)."""
+    d = ScriptedCudaAllocatorDouble(0, capacity_bytes=capacity)
+
+    def mem_info(index: int) -> tuple[int, int]:
+        reserved = d.memory_stats_nested(0)["reserved_bytes"]["all"]["current"]
+        return GIB - OTHERS - reserved, GIB
+
+    src = CudaAllocatorSource(0, stats_fn=d.memory_stats_nested, reset_peak_fn=d.reset_peak, mem_info_fn=mem_info,
+                              fraction_fn=lambda index: fraction)
+    monkeypatch.setattr(instrument_mod, "_tensor_device", lambda t: torch.device("cuda", 0))
+    monkeypatch.setattr(registry, "cuda_allocator", lambda index: src if index == 0 else None)
+    return d
+
+
+def _safe_then_first_oom(d: ScriptedCudaAllocatorDouble, model: nn.Module, safe: int) -> int:
+    """Run the safe batch (it must not fail), then larger ones: the first batch the allocator fails."""
+    d.empty_cache()  # a fresh allocator: the answer must hold without the warm-up's segments
+    model(torch.zeros(safe, 128))
+    b = safe
+    while True:
+        b += 1
+        try:
+            model(torch.zeros(b, 128))
+        except torch.OutOfMemoryError:
+            return b
+
+
+@pytest.mark.parametrize("how", ["memory_fraction", "hami"])
+def test_the_allocator_limit_applies_and_its_safe_batch_fits(monkeypatch, how):
+    cap = GIB // 2
+    if how == "hami":
+        monkeypatch.setenv("CUDA_DEVICE_MEMORY_LIMIT_0", "512m")
+        d = _fenced(monkeypatch, None, cap)
+    else:
+        d = _fenced(monkeypatch, 0.5, cap)
+    model = Scaled(d)
+    h = mp.instrument(model, config={**PLAIN, "capacity": {"root_readings": True}})
+    run_shapes(model)
+    h.capacity.model.states(force=True)
+    doc = h.headroom()
+    assert doc["budget"]["limit"] == how and doc["budget"]["limit_bytes"] == cap
+    assert doc["unit"] == "cuda_reserved"
+    safe = doc["max_safe_batch"]["128"]
+    oom = _safe_then_first_oom(d, model, safe)  # the safe batch ran: no OOM
+    assert oom <= 1.25 * safe, (safe, oom)
+
+
+def test_a_fraction_looser_than_the_device_leaves_the_device_in_charge(monkeypatch):
+    d = _fenced(monkeypatch, 0.99, GIB)
+    model = Scaled(d)
+    h = mp.instrument(model, config={**PLAIN, "capacity": {"root_readings": True}})
+    model(torch.zeros(1, 16))
+    b = h.headroom()["budget"]
+    assert b["limit"] == "cuda_device" and any(n.startswith("memory_fraction") for n in b["notes"])
