@@ -240,7 +240,11 @@ class Instrumentation:
         return {"name": self.name, "device": self.last_device, "layers": self.layer_count,
                 "paused": self.paused, "forwards": st.forwards, "attributed_forwards": st.attributed,
                 "overhead_seconds": st.attribution_seconds, "hook_errors": self.hook_errors,
-                "forward_errors": self.forward_errors}
+                "forward_errors": self.forward_errors, "figures": self.figures_note()}
+
+    def figures_note(self) -> str:
+        """What the per-layer figures are read from, or why there are none (``/v1/status``)."""
+        return self.attribution_method
 
     def add_observer(self, observer: ForwardObserver) -> None:
         """Hear of this handle's forwards and captures (``observers.py``); the composition root
