@@ -89,3 +89,16 @@ def test_variable_selector() -> None:
     assert aq.variable_selector("label_values(memprof_build_info, instance)") == "memprof_build_info"
     assert aq.variable_selector('label_values(m{job="x"}, device)') == 'm{job="x"}'
     assert aq.variable_selector("query_result(topk(3, m))") == "topk(3, m)"
+
+
+def test_what_a_fleet_pod_leaves_out_is_read_by_no_shipped_rule_or_dashboard() -> None:
+    """``series.families: fleet`` (the default in top mode) leaves families out of /metrics on the
+    grounds that nothing shipped reads them: no alert (expression or text), recording rule or panel."""
+    from memprof_otel.export.fleet_families import LEFT_OUT
+
+    used = {name: {f for f in files if not f.endswith("_test.yml")} for name, files in aq.metric_names_used().items()}
+    assert not {name: files for name, files in used.items() if name in LEFT_OUT and files}
+    alerts = (aq.REPO / "deploy/prometheus/alerts.yml").read_text()
+    assert not [name for name in LEFT_OUT if name in alerts]
+    documented = aq.documented_metric_names()
+    assert LEFT_OUT <= documented        # no typo: each is a metric we export
