@@ -405,6 +405,10 @@ class SeriesConfig:
                                      "every layer anyway (chosen by a hash of the host name: stable per pod)")
     budget: int = _f(1000, _int(1, 100_000_000), "series a process may export before MemprofSeriesOverBudget "
                      "fires (exported as memprof_series_budget)")
+    families: str = _f("auto", _str(choices=("auto", "all", "fleet")),
+                       "the other families on /metrics: fleet = what the shipped alerts, dashboards and "
+                       "recording rules read, with coarser operation buckets; all = every family, full "
+                       "buckets; auto = fleet where per-layer series are top, all elsewhere")
 
 
 @dataclass(frozen=True)
