@@ -45,13 +45,11 @@ def _last_counter(samples: list[dict[str, Any]], key: str) -> int | None:
 
 def limit_reached_in_flight(c: Contents) -> bool:
     """Usage was at or above the near-limit threshold at the last event, and that crossing came
-    during a forward still in flight when the process died."""
+    during a forward still in flight when the process died (the notification marked it)."""
     ev = c.state.get("near_limit")
     if not isinstance(ev, dict) or not ev.get("above"):
         return False
-    t = ev.get("t")
-    return isinstance(t, (int, float)) and any(
-        isinstance(f.get("started_unix"), (int, float)) and f["started_unix"] <= t for f in c.flight)
+    return any(f.get("limit_reached") is True for f in c.flight)
 
 
 def classify(c: Contents, kernel: KernelView) -> tuple[str, list[str]]:

@@ -92,12 +92,13 @@ def postmortem(c: Contents, reason: str, evidence: list[str]) -> dict[str, Any]:
 
 
 class _Flight:
-    __slots__ = ("model", "root", "features", "operation", "started", "state", "layer", "limit_reached")
+    __slots__ = ("model", "root", "features", "operation", "started", "state", "layer", "limit_reached", "written")
 
     def __init__(self, model: str, root: str, features: Mapping[str, int] | None, operation: str | None,
                  started: float, state: Any) -> None:
         self.model, self.root, self.features, self.operation = model, root, features, operation
         self.started, self.state, self.layer, self.limit_reached = started, state, root, False
+        self.written = False  # its start time is in the file (the first tick writes it)
 
     def innermost(self) -> str:
         """The deepest layer this attributed forward is in now (its root when not attributed)."""
@@ -256,40 +257,39 @@ class BlackBox:
 
     # ---- the forward path (FlightListener) -----------------------------------------------------
     def opened(self, model: str, root: str, features: Mapping[str, int] | None, state: Any) -> int:
-        """A forward of ``model`` opened at ``root``; the slot it holds (-1: none)."""
-        if self._writer is None:
+        """A forward of ``model`` opened at ``root``; the slot it holds (-1: none). No lock: the
+        slot is taken with an atomic ``list.pop`` and the bytes, made once per (model, root, shape,
+        operation), go in with one copy (the GIL holds through it: no other thread's write interleaves)."""
+        w = self._writer
+        if w is None:
+            return -1
+        try:
+            idx = self._free.pop()
+        except IndexError:
+            self.flight_overflow += 1
             return -1
         op = self._operation()
-        started = time.time()
-        key = (model, root, tuple(features.items()) if features else (), op)
-        rest = self._cache.get(key)
-        if rest is None:
-            rest = dumps({"model": model, "features": dict(features or {}), "layer": root, "operation": op})[1:]
+        key = (model, root, tuple(features.items()) if features else None, op)
+        slot = self._cache.get(key)
+        if slot is None:
+            body = dumps({"model": model, "features": dict(features or {}), "layer": root, "operation": op})
+            slot = Writer.slot_bytes(body, 1)
             if len(self._cache) >= _SHAPE_CACHE:
                 self._cache.clear()
-            self._cache[key] = rest
-        body = b'{"started_unix":%r,' % started + rest
-        with self._lock:
-            w = self._writer
-            if w is None:
-                return -1
-            if not self._free:
-                self.flight_overflow += 1
-                return -1
-            idx = self._free.pop()
-            self._flight[idx] = _Flight(model, root, features, op, started, state)
-            w.write_flight(idx, body)
+            self._cache[key] = slot
+        self._flight[idx] = _Flight(model, root, features, op, time.time(), state)
+        w.open_flight(idx, slot)
         return idx
 
     def closed(self, token: int) -> None:
         if token < 0:
             return
-        with self._lock:
+        with self._lock:  # against a tick's or a notification's update of this slot
             w = self._writer
             if w is None or token >= len(self._flight) or self._flight[token] is None:
                 return
             self._flight[token] = None
-            w.write_flight(token, b"{}")
+            w.clear_flight(token)
             self._free.append(token)
 
     def _refresh_flight(self, limit_reached: bool = False) -> None:
@@ -301,10 +301,10 @@ class BlackBox:
             if f is None:
                 continue
             layer = f.innermost()
-            if layer != f.layer or (limit_reached and not f.limit_reached):
+            if not f.written or layer != f.layer or (limit_reached and not f.limit_reached):
                 f.layer = layer
                 f.limit_reached = f.limit_reached or limit_reached
-                w.write_flight(idx, f.body())
+                f.written = w.update_flight(idx, f.body())
 
     # ---- the sampler's tick and the kernel's notifications ---------------------------------------
     def on_sample(self, s: Sample) -> None:

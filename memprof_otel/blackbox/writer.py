@@ -15,6 +15,8 @@ from typing import Any, Mapping
 from .format import SLOT_HEAD, Layout, dumps, encode_slot
 
 _SEQ = struct.Struct("<Q")
+_ZERO_HEAD = bytes(SLOT_HEAD.size)
+_ZERO_HEAD_LEN = SLOT_HEAD.size
 
 
 class Writer:
@@ -59,16 +61,31 @@ class Writer:
         self._put(lay.sample_at((seq - 1) % lay.n_samples), self.slot_bytes(body, seq))
         return True
 
-    def write_flight(self, index: int, body: bytes) -> bool:
-        """Flight slot ``index``, in the copy the last write did not use (a torn write leaves the
-        other); ``b"{}"`` frees it."""
+    def open_flight(self, index: int, slot: bytes) -> None:
+        """A forward's opening in flight slot ``index``: ``slot`` is ``slot_bytes(body, 1)``, made
+        once per (model, shape, operation) and reused (the forward path's one copy)."""
+        if not self.closed:
+            at = self.layout.flight_at(index, 0)
+            self._mm[at:at + len(slot)] = slot
+
+    def update_flight(self, index: int, body: bytes) -> bool:
+        """A later state of the forward in slot ``index`` (its layer), in the second copy with a
+        higher seq: a write torn by a kill leaves the opening's copy readable."""
         lay = self.layout
         if self.closed or SLOT_HEAD.size + len(body) > lay.flight_slot:
             return False
-        seq = self._flight_seq[index] + 1
-        self._flight_seq[index] = seq
-        self._put(lay.flight_at(index, seq & 1), self.slot_bytes(body, seq))
+        seq = self._flight_seq[index] = max(2, self._flight_seq[index] + 1)
+        self._put(lay.flight_at(index, 1), self.slot_bytes(body, seq))
         return True
+
+    def clear_flight(self, index: int) -> None:
+        """The forward ended: both copies' heads zeroed (a never-written slot reads as free)."""
+        if not self.closed:
+            lay = self.layout
+            a, b = lay.flight_at(index, 0), lay.flight_at(index, 1)
+            self._mm[a:a + _ZERO_HEAD_LEN] = _ZERO_HEAD
+            self._mm[b:b + _ZERO_HEAD_LEN] = _ZERO_HEAD
+            self._flight_seq[index] = 0
 
     def write_state(self, state: Mapping[str, Any]) -> None:
         if self.closed:

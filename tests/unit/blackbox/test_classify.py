@@ -10,7 +10,7 @@ def _c(state=None, flight=(), samples=()):
     return Contents(Layout(4), {"pid": 9}, dict(state or {}), list(flight), list(samples))
 
 
-FLIGHT = {"model": "m", "started_unix": 100.0}
+FLIGHT = {"model": "m", "started_unix": 100.0, "limit_reached": True}  # marked by the notification
 
 
 def test_nothing_but_the_end_is_a_kill():
@@ -31,8 +31,9 @@ def test_the_cgroup_counter_decides_only_when_it_rose_past_the_last_tick():
 def test_the_limit_reached_during_a_forward_still_in_flight_is_an_oom_kill():
     above = {"near_limit": {"t": 101.0, "above": True}}
     assert classify(_c(above, [FLIGHT]), KernelView()) == ("oom_kill", ["limit_reached"])
-    # crossed before the forward in flight began: not this forward's
-    assert classify(_c({"near_limit": {"t": 99.0, "above": True}}, [FLIGHT]), KernelView())[0] == "killed"
+    # crossed before the forward in flight began: the notification did not mark it
+    unmarked = {**FLIGHT, "limit_reached": False}
+    assert classify(_c({"near_limit": {"t": 99.0, "above": True}}, [unmarked]), KernelView())[0] == "killed"
     # fell back under the threshold since
     assert classify(_c({"near_limit": {"t": 101.0, "above": False}}, [FLIGHT]), KernelView())[0] == "killed"
     # nothing in flight

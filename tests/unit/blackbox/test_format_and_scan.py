@@ -19,10 +19,10 @@ def _write(path, n_samples=5, ticks=8, pid=4242):
     w = Writer(str(path), Layout(n_samples, 4), {"pid": pid, "start_ticks": 7})
     for i in range(ticks):
         w.write_sample(json.dumps({"t": float(i)}).encode())
-    idx = 2
-    w.write_flight(idx, b'{"model":"m","features":{"batch":3},"layer":"a.b"}')
-    w.write_flight(0, b'{"model":"x"}')
-    w.write_flight(0, b"{}")  # freed
+    w.open_flight(2, Writer.slot_bytes(b'{"model":"m","features":{"batch":3},"layer":""}', 1))
+    w.update_flight(2, b'{"model":"m","features":{"batch":3},"layer":"a.b"}')  # a tick: the layer now
+    w.open_flight(0, Writer.slot_bytes(b'{"model":"x"}', 1))
+    w.clear_flight(0)  # ended
     w.write_state({"near_limit": {"t": 1.0, "above": True}})
     return w
 
@@ -56,12 +56,12 @@ def test_a_torn_sample_is_counted_and_left_out(tmp_path):
 def test_a_torn_flight_write_leaves_the_previous_copy(tmp_path):
     f = tmp_path / "a.mpbb"
     w = Writer(str(f), Layout(4, 2), {"pid": 1})
-    w.write_flight(1, b'{"layer":"first"}')   # seq 1: copy 1
-    w.write_flight(1, b'{"layer":"second"}')  # seq 2: copy 0
+    w.open_flight(1, Writer.slot_bytes(b'{"layer":"first"}', 1))  # seq 1: copy 0
+    w.update_flight(1, b'{"layer":"second"}')                    # seq 2: copy 1
     w.close(remove=False)
     data = bytearray(f.read_bytes())
     lay = Layout(4, 2)
-    data[lay.flight_at(1, 0) + SLOT_HEAD.size + 2] ^= 0xFF  # killed while writing "second"
+    data[lay.flight_at(1, 1) + SLOT_HEAD.size + 2] ^= 0xFF  # killed while writing "second"
     c = decode(bytes(data))
     assert c.flight == [{"layer": "first"}] and c.torn == 1
 
