@@ -20,6 +20,7 @@ import stat
 import tempfile
 import threading
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -144,8 +145,7 @@ class BlackBox:
         self.flight_overflow = 0
         self._pid = os.getpid()
         if hasattr(os, "register_at_fork"):
-            import weakref
-            ref = weakref.ref(self)
+            ref = weakref.ref(self)  # a black box built by a test and dropped is not kept alive
             os.register_at_fork(after_in_child=lambda: (b := ref()) is not None and b._after_fork())
 
     # ---- lifecycle ---------------------------------------------------------------------------
