@@ -237,6 +237,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_http_connection_errors_total", "memprof.http.connection_errors", "{error}", "counter",
               "Connections to the endpoint's own server that failed, by reason: timeout, reset, broken_pipe, "
               "other (the client's side) or internal (the endpoint's own code)", ("reason",)),
+    MetricDef("memprof_postmortems_total", "memprof.postmortems", "{postmortem}", "counter",
+              "Processes of this service found ended without a clean shutdown (their black box left "
+              "behind), by reason: oom_kill, killed, exited (GET /v1/postmortem)", ("reason",)),
     MetricDef("memprof_dumps_total", "memprof.dumps", "{dump}", "counter",
               "Dumps attempted by format and result", ("format", "result")),
     MetricDef("memprof_layers_tracked", "memprof.layers.tracked", "{layer}", "gauge",

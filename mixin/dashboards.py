@@ -440,6 +440,19 @@ def overview(q: Matchers) -> dict[str, Any]:
                {"Value #A": ("threshold", "short"), "Value #B": ("firing", "none")},
                sort_by="firing"), 8, 6),
     ])
+    postmortem: Section = ("Post-mortems", [
+        (stat("Post-mortems by reason",
+              "Processes found ended without a clean shutdown by the process that started after them, by "
+              "reason (oom_kill, killed, exited), over the instances shown: what each was doing (model, "
+              "shape, layer) and its last minute of memory are at GET /v1/postmortem (memprof-otel "
+              "postmortem --url ...); each is a postmortem dump too.",
+              [target(f"sum by (reason) (memprof_postmortems_total{{{q.base}}})", "{{reason}}")], "none",
+              threshold_steps=((1, RED),), color_mode="background"), 12, 5),
+        (timeseries("Post-mortems found",
+                    "Post-mortems each instance reported, by reason: a step is a restart after a kill "
+                    "(MemprofPostmortem fires).",
+                    [target(f"memprof_postmortems_total{{{q.base}}}", "{{instance}} {{reason}}")], "none"), 12, 5),
+    ])
     self_: Section = ("memprof-otel itself", [
         (timeseries("Self overhead",
                     "Time spent inside memprof-otel's hooks per second of wall time (0.01 = 1% "
@@ -467,7 +480,7 @@ def overview(q: Matchers) -> dict[str, Any]:
                      "Process, allocator and GPU memory of processes instrumented with memprof-otel, "
                      "each model's capacity (headroom, max safe batch), watchdog state and the exporter's "
                      "own cost.",
-                     [process, allocator, gpu, capacity, watchdog, self_])
+                     [process, allocator, gpu, capacity, postmortem, watchdog, self_])
 
 
 def layers(q: Matchers) -> dict[str, Any]:
