@@ -1,8 +1,9 @@
 """Child of test_oom_cgroup.py, run inside a memory cgroup the test made: a small BERT-shaped
 encoder of its own (4 layers, 256 wide, 4 heads, eager attention: the scores are materialised),
 every forward attributed, mixed traffic; then the batch the capacity model calls safe at the long
-sequence length, then larger ones until the kernel kills the process. Each line on stdout is one
-JSON record, flushed, so the parent knows how far it got."""
+sequence length, then the batches named on the command line (``1.25x``: that share of the safe
+batch, rounded down), which the parent expects the kernel to kill. Each line on stdout is one JSON
+record, flushed, so the parent knows how far it got."""
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def main() -> None:
     h = mp.instrument(model, name="encoder", config={"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0}})
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for _ in range(2):  # mixed traffic: batch 1-4, seq_len 64-512
+        for _ in range(2):  # mixed traffic: batch 1-4, seq_len 64-512; each shape twice
             for s in (64, 128, 256, 384, 512):
                 for b in (1, 2, 3, 4):
                     model(torch.randint(0, VOCAB, (b, s), generator=gen))
@@ -70,17 +71,18 @@ def main() -> None:
         doc = h.headroom()
         safe = doc["max_safe_batch"].get(str(LONG))
         say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"],
-            gap_ratio=doc["gap_ratio"], error_ratio=doc["model_fit"]["error_ratio"],
+            gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], error_ratio=doc["model_fit"]["error_ratio"],
             repeat_ratio=doc["model_fit"]["regimes"]["prefill"]["repeat_ratio"],
             predicted=h.predict_peak(batch=safe, seq_len=LONG).to_dict() if safe else None)
         if not safe:
             return
-        step = max(1, math.ceil(safe * 0.04))
-        b = safe
-        while b <= 2 * safe:
+        model(torch.randint(0, VOCAB, (safe, LONG), generator=gen))
+        say(phase="ran", batch=safe)
+        for arg in sys.argv[1:]:
+            b = int(safe * float(arg[:-1])) if arg.endswith("x") else int(arg)
+            say(phase="trying", batch=b)
             model(torch.randint(0, VOCAB, (b, LONG), generator=gen))
             say(phase="ran", batch=b)
-            b += step
 
 
 if __name__ == "__main__":

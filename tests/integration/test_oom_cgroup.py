@@ -2,10 +2,13 @@
 
 For several limits, a child (``oom_cgroup_child.py``) runs mixed traffic through a BERT-shaped
 encoder of its own inside a fresh memory cgroup, asks the largest safe batch at sequence length 512,
-runs it, then runs larger batches until the kernel kills it. The batch called safe must survive
-every time, and the kill must come at most 1.25x past it (safe, not timid). The kill is the
-kernel's: the child ends on SIGKILL and the cgroup's own ``oom_kill`` counter says the OOM killer
-sent it. Skipped only where no memory cgroup can be made (not root, no writable hierarchy)."""
+runs it, then runs 1.25x that batch (rounded down). The batch called safe must survive every time,
+and the kernel must kill the larger one: the kill point is at most 1.25x past the safe batch (safe,
+not timid). The kill is the kernel's: the child ends on SIGKILL at that batch and the cgroup's own
+``oom_kill`` counter says the OOM killer sent it. One child per limit; with
+``MEMPROF_TEST_OOM_BISECT=1`` the kill point itself is found by bisection between the two (fresh
+children, each running its own safe batch first) and printed. Skipped only where no memory cgroup
+can be made (not root, no writable hierarchy)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +24,7 @@ import pytest
 from tests.cgroup_truth import memory_dir, oom_kills
 
 MIB = 1 << 20
-LIMITS_MIB = (700, 900, 1100)
+LIMITS_MIB = (700, 850, 1000)  # the safe batches stay small (~15-35): each forward is quick
 CHILD = Path(__file__).with_name("oom_cgroup_child.py")
 MAX_RATIO = 1.25
 
@@ -74,21 +77,39 @@ class MemoryCgroup:
                 time.sleep(0.1)
 
 
-def run_at(limit: int, n: int) -> dict:
+def run_at(limit: int, n: int, then: str) -> dict:
     cg = MemoryCgroup(limit, n)
     try:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parents[2]),
                                                                      os.environ.get("PYTHONPATH", "")) if p),
                "OMP_NUM_THREADS": "2"}
-        proc = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=env,
+        proc = subprocess.run([sys.executable, str(CHILD), then], capture_output=True, text=True, env=env,
                               preexec_fn=cg.enter, timeout=600)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
         asked = next((x for x in lines if x["phase"] == "asked"), None)
         ran = [x["batch"] for x in lines if x["phase"] == "ran"]
-        return {"limit": limit, "returncode": proc.returncode, "asked": asked, "ran": ran,
-                "oom_kills": cg.oom_kills(), "stderr": proc.stderr[-2000:]}
+        trying = [x["batch"] for x in lines if x["phase"] == "trying"]
+        oom = cg.oom_kills()
+        killed_at = (trying[-1] if proc.returncode == -signal.SIGKILL and (oom or 0) >= 1 and trying
+                     and trying[-1] not in ran else None)
+        return {"limit": limit, "returncode": proc.returncode, "asked": asked, "ran": ran, "killed_at": killed_at,
+                "oom_kills": oom, "stderr": proc.stderr[-2000:]}
     finally:
         cg.close()
+
+
+def _kill_point(mib: int, n: int, survived: int, killed: int) -> int:
+    """The smallest batch the kernel kills, between one that survived and one it killed."""
+    while killed - survived > 1:
+        mid = (survived + killed) // 2
+        r = run_at(mib * MIB, n, str(mid))
+        if r["killed_at"] == mid:
+            killed = mid
+        elif mid in r["ran"]:
+            survived = mid
+        else:  # the child's own safe batch was killed: the main assertions say so
+            break
+    return killed
 
 
 def test_the_safe_batch_survives_the_kernel_and_the_kill_is_not_far_past_it():
@@ -96,30 +117,21 @@ def test_the_safe_batch_survives_the_kernel_and_the_kill_is_not_far_past_it():
         pytest.skip("making a memory cgroup needs root")
     rows = []
     for n, mib in enumerate(LIMITS_MIB):
-        r = run_at(mib * MIB, n)
+        r = run_at(mib * MIB, n, f"{MAX_RATIO}x")
         assert r["asked"] is not None, r["stderr"]
         safe = r["asked"]["safe"]
         assert safe, f"no safe batch at {mib} MiB: {r['asked']}"
         survived = bool(r["ran"]) and r["ran"][0] == safe
-        killed = r["returncode"] == -signal.SIGKILL and (r["oom_kills"] or 0) >= 1
-        kill_batch = None
-        if killed:
-            kill_batch = next((b for b in _batches_after(safe) if b not in r["ran"]), None)
+        kill_batch = r["killed_at"]
+        if kill_batch is not None and os.environ.get("MEMPROF_TEST_OOM_BISECT"):
+            kill_batch = _kill_point(mib, 10 + n, safe, kill_batch)
         rows.append((mib, safe, survived, kill_batch, r["asked"]["unit"], r))
-        print(f"limit {mib} MiB: safe {safe} ({r['asked']['unit']}) survived={survived} kill at {kill_batch} "
+        print(f"limit {mib} MiB: safe {safe} ({r['asked']['unit']}, gap ratio {r['asked']['gap_ratio']}, "
+              f"gap bytes {r['asked']['gap_bytes']}) survived={survived} killed at {kill_batch} "
               f"ratio {kill_batch / safe if kill_batch else None}")
     for mib, safe, survived, kill_batch, unit, r in rows:
         assert survived, f"{mib} MiB: the safe batch {safe} was killed ({r['returncode']}, {r['stderr'][-300:]})"
-        assert kill_batch is not None, f"{mib} MiB: never killed up to twice the safe batch {safe}: too timid"
-        assert kill_batch <= MAX_RATIO * safe, f"{mib} MiB: killed at {kill_batch}, > {MAX_RATIO} x {safe}"
+        assert kill_batch is not None, (f"{mib} MiB: {int(MAX_RATIO * safe)} = {MAX_RATIO} x the safe batch {safe} "
+                                        f"survived: too timid ({r['ran']}, {r['returncode']})")
+        assert safe < kill_batch <= MAX_RATIO * safe
         assert unit == "process_resident"
-
-
-def _batches_after(safe: int) -> list[int]:
-    """The batches the child runs, in order (its own rule)."""
-    step = max(1, -(-safe * 4 // 100))
-    out, b = [], safe
-    while b <= 2 * safe:
-        out.append(b)
-        b += step
-    return out
