@@ -32,10 +32,12 @@ class KernelMark:
 
 
 class KernelFigure(NamedTuple):
-    """One forward in the limit's units: its peak above the start and what it kept."""
+    """One forward in the limit's units: its peak above the start and what it kept; ``level``:
+    the absolute peak it reached (CPU: the process's resident bytes; CUDA: reserved bytes)."""
     unit: str
     peak_increase: int
     retained: int
+    level: int = 0
 
 
 def begin(device: str, overlapped: bool, cuda: bool = True) -> KernelMark | None:
@@ -65,7 +67,8 @@ def end(mark: KernelMark | None, alone: bool) -> KernelFigure | None:
             process_hwm.shared().discard(mark.mark)
             return None
         rise = process_hwm.shared().end(mark.mark)
-        return KernelFigure(PROCESS_RESIDENT, rise.peak_increase, rise.retained) if rise is not None else None
+        return (KernelFigure(PROCESS_RESIDENT, rise.peak_increase, rise.retained, mark.mark.start_rss + rise.peak_increase)
+                if rise is not None else None)
     if not alone or mark.overlapped:
         return None
     # reserved bytes only shrink inside a forward on the allocator's free-and-retry path before an
@@ -74,7 +77,7 @@ def end(mark: KernelMark | None, alone: bool) -> KernelFigure | None:
         reserved = mark.source.reading().reserved
     except Exception:
         return None
-    return KernelFigure(CUDA_RESERVED, max(0, reserved - mark.reserved_start), reserved - mark.reserved_start)
+    return KernelFigure(CUDA_RESERVED, max(0, reserved - mark.reserved_start), reserved - mark.reserved_start, reserved)
 
 
 def unavailable_reason(device: str) -> str | None:

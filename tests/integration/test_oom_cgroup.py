@@ -127,7 +127,7 @@ def test_the_safe_batch_survives_the_kernel_and_the_kill_is_not_far_past_it():
             kill_batch = _kill_point(mib, 10 + n, safe, kill_batch)
         rows.append((mib, safe, survived, kill_batch, r["asked"]["unit"], r))
         print(f"limit {mib} MiB: safe {safe} ({r['asked']['unit']}, gap ratio {r['asked']['gap_ratio']}, "
-              f"gap bytes {r['asked']['gap_bytes']}) survived={survived} killed at {kill_batch} "
+              f"gap bytes {r['asked']['gap_bytes']}, credit {r['asked']['credit']}) survived={survived} killed at {kill_batch} "
               f"ratio {kill_batch / safe if kill_batch else None}")
     for mib, safe, survived, kill_batch, unit, r in rows:
         assert survived, f"{mib} MiB: the safe batch {safe} was killed ({r['returncode']}, {r['stderr'][-300:]})"
