@@ -42,6 +42,22 @@ _DROP_WHY = {
 }
 
 
+_perf_counter = time.perf_counter
+
+
+class ForwardRecord(threading.local):
+    """One thread's forward of a handle, as every adapter keeps it: the adapter subclasses it with
+    what its own machinery needs (torch's dispatch mode, Keras' layer-call sink)."""
+
+    depth = 0                          # calls of the opener in flight on this thread (1 when not nested)
+    state: ForwardState | None = None  # the forward this thread opened, if measured
+    capture: Capture | None = None     # the capture this forward belongs to, if one claimed it
+    start_s = 0.0
+    self_time_s = 0.0
+    opened = 0                         # the forward's opening number (OpenForwards.open)
+    shape: Features | None = None      # the measured root forward's shape features (memory model)
+
+
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
     return [], []
 
@@ -313,6 +329,44 @@ class Instrumentation:
             self._events.clear()
 
     # ---- for the adapter ---------------------------------------------------------------------
+    def _choose_measurement(self, tls: ForwardRecord, opener: Any, path: str, t: float, args: Any,
+                            kwargs: dict[str, Any] | None, compiled: bool = False) -> None:
+        """The per-forward policy, the same on every framework: a waiting capture claims the forward,
+        else the scheduler may pick it for attribution (``_begin_attributed``, which leaves
+        ``tls.state`` set when it measures); a model forward left plain is read at its root only for
+        the memory model (``_begin_root_reading``, ``capacity.root_readings``); a measured model
+        forward's shape is read for the memory model (a layer's own shapes are not the model's).
+        ``opener``: what the adapter knows the opening call by (torch's module, Keras' layer id)."""
+        cap = self._capture
+        if cap is not None and cap.claim():
+            self._begin_attributed(opener, path, t, cap, compiled)
+        elif self.scheduler.should_attribute():
+            self._begin_attributed(opener, path, t, None, compiled)
+        tls.shape = None
+        if tls.state is None and not path and self.capacity is not None and self.config.capacity.root_readings:
+            self._begin_root_reading(opener, t)
+        if tls.state is not None and not path and self.capacity is not None:
+            tls.shape = self._shape(args, kwargs)
+
+    def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
+        """Start measuring this thread's forward per layer (``cap``: the capture that claimed it)."""
+        raise NotImplementedError
+
+    def _begin_root_reading(self, opener: Any, t: float) -> None:
+        """Start reading a model forward the scheduler left plain at its root only."""
+        raise NotImplementedError
+
+    def _end_forward(self, tls: ForwardRecord, state: ForwardState | None, t: float, self_time_s: float,
+                     root: LayerCall | None, raised: bool, exc: BaseException | None) -> None:
+        """The close bookkeeping after the adapter folded the forward's figures: a captured forward
+        counts in its capture, and the forward is charged to the scheduler and told to the observers
+        (``t``: when the adapter's close began; ``self_time_s``: our time in the forward before it)."""
+        cap, tls.capture = tls.capture, None
+        if cap is not None:
+            self._captured_forward_ended(cap, _perf_counter(), root)
+        end = _perf_counter()
+        self._forward_ended(state, end - tls.start_s, self_time_s + end - t, raised, exc)
+
     def _publish(self, state: ForwardState, calls: list[LayerCall], t: float, raised: bool,
                  shape: Features | None, dropped: str | None) -> None:
         """Fold one finished forward into the figures: its calls into the statistics and windows,
@@ -381,4 +435,4 @@ class Instrumentation:
                              "model is unaffected)", self.name, where, e)
 
 
-__all__ = ["Instrumentation"]
+__all__ = ["ForwardRecord", "Instrumentation"]
