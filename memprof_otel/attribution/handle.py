@@ -1,15 +1,22 @@
-"""What the layers above attribution know of an instrumented model: the handle contract.
+"""What the layers above attribution know of an instrumented model: the handle contract, both ways.
 
 A framework adapter (``attribution/torch/``) builds handles that satisfy ``ModelHandle``; the
 composition root (``runtime``), the endpoint (``http``), the dump service and the exporters only use
 what is written here, so none of them imports an adapter or its framework. The live handles are in
-``registry.py``; what a handle tells the layers above during a forward is ``observers.py``.
+``registry.py``.
+
+What a handle tells the layers above during a forward is ``ForwardObserver``: the OOM flight
+recorder (``dumps``) and the OpenTelemetry recorder (``export``) are observers, and the composition
+root adds them to every handle it connects (``add_observer``). A handle calls its observers in the
+thread that ran the forward, after its own bookkeeping; an observer that raises is counted in the
+handle's hook errors and the model never sees it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from ..timeline import OperationRecord, Sample
+from .forward_state import ForwardState
 from .stats import LayerMemoryStats
 from .windows import WindowFigures
 
@@ -18,9 +25,24 @@ if TYPE_CHECKING:  # types only: the layers below attribution that a handle carr
     from ..config import Config
     from ..dumps.capture import Capture
     from ..sources.survivors import SurvivorTable
-    from .observers import ForwardObserver
 
 ProcessHistory = Callable[[], tuple[list[Sample], list[OperationRecord]]]
+
+
+class ForwardObserver(Protocol):
+    def forward_begin(self, h: ModelHandle, state: ForwardState) -> None:
+        """An attributed forward starts."""
+
+    def forward_done(self, h: ModelHandle, state: ForwardState | None, raised: bool,
+                     exc: BaseException | None) -> None:
+        """A forward ended (``state`` None when it was not attributed; ``exc`` what it raised)."""
+
+    def capture_done(self, h: ModelHandle, cap: Capture) -> None:
+        """A deep capture of ``h`` completed all its forwards (not called when cancelled)."""
+
+    def uninstrumented(self, h: ModelHandle) -> None:
+        """``h`` was just uninstrumented: its figures are final (the OTel recorder hands them to
+        the next export, so a job that uninstruments before shutting down still exports them)."""
 
 
 class ModelHandle(Protocol):
@@ -61,4 +83,4 @@ class ModelHandle(Protocol):
     def uninstrument(self) -> None: ...
 
 
-__all__ = ["ModelHandle", "ProcessHistory"]
+__all__ = ["ForwardObserver", "ModelHandle", "ProcessHistory"]

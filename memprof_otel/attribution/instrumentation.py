@@ -27,8 +27,7 @@ from ..sources.survivors import SurvivorTable
 from ..timeline import OperationRecord, Sample
 from . import registry as live
 from .forward_state import ForwardState, event_capacity, event_dict
-from .handle import ProcessHistory
-from .observers import ForwardObserver
+from .handle import ForwardObserver, ProcessHistory
 from .peaks import LayerCall
 from .scheduler import AttributionScheduler
 from .stats import LayerAccumulator, LayerMemoryStats
@@ -99,7 +98,7 @@ class Instrumentation:
         self._origin_s = time.perf_counter()
         self._created_unix = time.time()
         self._closed = False
-        # forward observers (observers.py): how the layers above hear of forwards and completed
+        # forward observers (handle.py): how the layers above hear of forwards and completed
         # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
         self._observers: list[ForwardObserver] = []
         # the process's samples and operations, for export_timeline (set by the composition root)
@@ -259,7 +258,7 @@ class Instrumentation:
                 "forward_errors": self.forward_errors}
 
     def add_observer(self, observer: ForwardObserver) -> None:
-        """Hear of this handle's forwards and captures (``observers.py``); the composition root
+        """Hear of this handle's forwards and captures (``handle.ForwardObserver``); the composition root
         adds the OOM recorder and the OTel recorder."""
         self._observers.append(observer)
 
