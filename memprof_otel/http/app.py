@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 from .._log import rate_limited
 from ..advice import SEVERITIES, AdviceReport
 from .._version import __version__
-from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
+from ..config import Config, ConfigError, HttpConfig, LeaksConfig
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
@@ -42,6 +42,7 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.series import SelfView
 from ..watchdog.adapter import Watchdog
+from ..watchdog.rules import MAX_RULES, parse_rule
 from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,
                      host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,

@@ -150,7 +150,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
     import logging
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
     import memprof_otel as mp
-    from memprof_otel import _torch_compat
+    from memprof_otel.sources import torch_compat as _torch_compat
     from memprof_otel.runtime import runtime
     from memprof_otel.sources import registry
 
@@ -186,7 +186,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
 def test_nothing_is_reported_missing_with_the_tested_torch():
     r = _run("""
     import memprof_otel
-    from memprof_otel import _torch_compat
+    from memprof_otel.sources import torch_compat as _torch_compat
     print(_torch_compat.missing())
     """)
     assert r.returncode == 0, r.stderr

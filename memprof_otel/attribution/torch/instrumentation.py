@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from . import hooks
-from ... import _torch_compat
+from ...sources import torch_compat as _torch_compat
 from ..._callouts import calls_application
 from ..._log import rate_limited
-from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
-from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
-from ..._torch_compat import skip_code as _skip_code
+from ...sources.torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
+from ...sources.torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
+from ...sources.torch_compat import skip_code as _skip_code
 from ...capacity.shapes import ShapeOf
 from ...config import Config
 from ...dumps.capture import Capture
