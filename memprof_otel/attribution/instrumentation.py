@@ -185,6 +185,11 @@ class Instrumentation:
         """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
         return self.scheduler.state().attribution_seconds
 
+    @property
+    def attributed_forwards(self) -> int:
+        """Forwards attributed per layer so far (the scheduler's count)."""
+        return self.scheduler.state().attributed
+
     def layer_stats(self) -> dict[str, LayerMemoryStats]:
         stats = self._stats.snapshot()
         surviving = self.surviving_by_layer()

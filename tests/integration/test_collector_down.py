@@ -110,13 +110,13 @@ def compare(cfg: dict, rounds: int = 3) -> tuple[float, float]:
 def assert_counted_and_bounded(errors_before: dict) -> None:
     rt = runtime()
     assert rt.otel is not None and rt.otel.endpoint is not None
-    grew = lambda k: rt.export_errors.get(k, 0) - errors_before.get(k, 0)  # noqa: E731
+    grew = lambda k: rt.counters.export_errors.get(k, 0) - errors_before.get(k, 0)  # noqa: E731
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (grew("otlp_metrics") < 2 or grew("otlp_traces") < 1):
         time.sleep(0.05)
-    assert grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, dict(rt.export_errors)
-    exported = dict((lab["exporter"], v) for lab, v in rt.series(max_age_s=0)["memprof_export_errors_total"])
-    assert exported["otlp_metrics"] == rt.export_errors["otlp_metrics"]
+    assert grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, dict(rt.counters.export_errors)
+    exported = dict((lab["exporter"], v) for lab, v in rt.scrape.series(max_age_s=0)["memprof_export_errors_total"])
+    assert exported["otlp_metrics"] == rt.counters.export_errors["otlp_metrics"]
     assert rt.sampler is not None and rt.sampler.running  # the sampler never noticed
     t0 = time.monotonic()
     assert mp.shutdown(3) is True  # the final flush gave up in time: no exporter left running
@@ -125,7 +125,7 @@ def assert_counted_and_bounded(errors_before: dict) -> None:
 
 @pytest.mark.timeout(90)
 def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
-    before = dict(runtime().export_errors)
+    before = dict(runtime().counters.export_errors)
     base, down = compare(config(closed_port_url()))
     assert down <= 1.5 * base + 0.002, f"median forward {down * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
@@ -133,7 +133,7 @@ def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
 
 @pytest.mark.timeout(90)
 def test_slow_collector_keeps_forwards_fast_and_counts_errors(otel_env, slow_receiver):
-    before = dict(runtime().export_errors)
+    before = dict(runtime().counters.export_errors)
     base, slow = compare(config(slow_receiver.url))
     assert slow <= 1.5 * base + 0.002, f"median forward {slow * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
@@ -197,7 +197,7 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     caplog.set_level(logging.INFO)
     url = closed_port_url()
     rt = runtime()
-    before = rt.export_errors.get("otlp_metrics", 0)
+    before = rt.counters.export_errors.get("otlp_metrics", 0)
     mp.start_monitoring({"sampler": {"interval": "50ms"},
                          "otel": {"endpoint": url, "protocol": protocol, "export_interval": "100ms",
                                   "export_timeout": "300ms"}})
@@ -205,10 +205,10 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     # WHEN it stays down for a few seconds
     t0 = time.monotonic()
     deadline = t0 + 15
-    while time.monotonic() < deadline and (rt.export_errors["otlp_metrics"] - before < 8
+    while time.monotonic() < deadline and (rt.counters.export_errors["otlp_metrics"] - before < 8
                                            or time.monotonic() - t0 < 3.5):
         time.sleep(0.05)
-    failed = rt.export_errors["otlp_metrics"] - before
+    failed = rt.counters.export_errors["otlp_metrics"] - before
     elapsed = time.monotonic() - t0
     # THEN the SDK's per-export errors are not written, ours are: one line at the first failure ...
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")], \
@@ -219,7 +219,7 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     still = _lines(caplog, "otlp_metrics", "still failing")
     assert 1 <= len(still) <= elapsed / 1.0 + 1
     counts = [int(re.search(r"still failing: (\d+) failed exports", s).group(1)) for s in still]
-    assert 1 + sum(counts) <= rt.export_errors["otlp_metrics"] - before
+    assert 1 + sum(counts) <= rt.counters.export_errors["otlp_metrics"] - before
 
     # WHEN the collector comes back on that port
     port = int(url.rsplit(":", 1)[1])

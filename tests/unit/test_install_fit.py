@@ -162,7 +162,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
     for _ in range(3):
         assert torch.equal(m(x), ref)       # the model runs exactly as before
     print("layers", sorted(h.layer_stats()))
-    up = {lab["source"]: v for lab, v in runtime().series(max_age_s=0)["memprof_source_up"]}
+    up = {lab["source"]: v for lab, v in runtime().scrape.series(max_age_s=0)["memprof_source_up"]}
     print("ledger_up", up.get("ledger"))
     print("reason", registry.down_reasons().get("ledger"))
     h.uninstrument()
