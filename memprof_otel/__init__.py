@@ -1,6 +1,7 @@
 """memprof_otel: always-on per-layer PyTorch memory telemetry for Prometheus and OpenTelemetry.
 
-Importing has no side effects: no thread, no hook, no registry write until you call us. It is also
+Importing starts no thread, sets no hook and writes no registry until you call us; its one side
+effect is ``TF_CPU_ALLOCATOR_USE_BFC=true`` in the environment where it is unset (see below). It is also
 cheap: the public names below are loaded on first use (PEP 562), so ``import memprof_otel`` and the
 ``memprof-otel`` command's HTTP subcommands never import torch, the OpenTelemetry SDK or matplotlib
 (a command that only speaks HTTP starts in a tenth of a second, not in four).
@@ -11,6 +12,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .sources.tf_cpu_statistics import request_before_tensorflow
+
+# The one thing importing does: where TF_CPU_ALLOCATOR_USE_BFC is unset, set it, so that a Keras
+# model on TensorFlow has per-layer figures on every x86-64 CPU (TensorFlow keeps CPU allocator
+# statistics only with its BFC allocator, by default only on CPUs with AVX-512/AMX, and reads the
+# variable once, when it creates its CPU device). Nothing else about the process changes.
+request_before_tensorflow()
 
 # public name -> the module that defines it (relative to this package)
 _EXPORTS: dict[str, str] = {

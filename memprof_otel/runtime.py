@@ -27,6 +27,7 @@ from ._log import rate_limited
 from .advice.adapter import Advisor
 from .attribution.handle import ModelHandle
 from .attribution.registry import live_handles
+from .blackbox.service import BlackBox, span_attributes
 from .config import Config, DumpsConfig, SeriesConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
@@ -110,7 +111,7 @@ class Runtime:
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
         self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects)
-        self.scrape = ScrapeView(lambda: self.sampler, self.counters, self.op_stats, self.budget, _torch_version,
+        self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats, self.budget, _torch_version,
                                  registry.down_reasons, registry.cuda_uuids)
         self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,
                                self.counters.extra_ooms)
@@ -127,6 +128,11 @@ class Runtime:
                                         self.dump_service.store_json)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
+        # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
+        # post-mortems of the processes that left theirs (blackbox/)
+        self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
+                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)))
+        self.scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
         self.started_unix = 0.0
@@ -197,6 +203,8 @@ class Runtime:
         sampler.add_listener(self.watchdog.on_sample)
         self.scrape.contribute("watchdog", ignoring_context(self.watchdog.series))
         self._start_snapshots(cfg, sampler)
+        self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        sampler.add_listener(self.blackbox.on_sample)
         self.sampler = sampler
         self.started_unix = time.time()
         sampler.start()
@@ -205,6 +213,7 @@ class Runtime:
             # child the services are renewed once its thread runs again (fork_renewal.py)
             SERVICES.add(self._child_services)
             atexit.register(_shutdown_at_exit, weakref.ref(self))
+            atexit.register(self.blackbox.mark_exiting)  # runs first: the exit began
             self._started_once = True
 
     def _start_snapshots(self, cfg: Config, sampler: Sampler) -> None:
@@ -283,6 +292,7 @@ class Runtime:
         h.current_operation = _operation_name
         h.add_observer(self.oom_recorder)
         h.add_observer(self.otel_observer)
+        h.add_flight_listener(self.blackbox)
 
     def _series_config(self) -> SeriesConfig:
         return self.config.series if self.config is not None else SeriesConfig()
@@ -381,6 +391,7 @@ class Runtime:
                 self.scrape.forget()
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
+            self.blackbox.shutdown()  # a clean end leaves no black box behind
             self.config = None  # the next start takes the config it is given afresh
             self.monitoring_config = None
         return ok

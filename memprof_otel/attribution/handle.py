@@ -13,7 +13,7 @@ handle's hook errors and the model never sees it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..timeline import OperationRecord, Sample
 from .forward_state import ForwardState
@@ -43,6 +43,19 @@ class ForwardObserver(Protocol):
     def uninstrumented(self, h: ModelHandle) -> None:
         """``h`` was just uninstrumented: its figures are final (the OTel recorder hands them to
         the next export, so a job that uninstruments before shutting down still exports them)."""
+
+
+class FlightListener(Protocol):
+    """Hears of every forward, attributed or not, while it is in flight (the black box). Called in
+    the forward's thread at its opening and its end: both must be cheap and never raise."""
+
+    def opened(self, model: str, root: str, features: Mapping[str, int] | None, state: Any) -> int:
+        """A forward of ``model`` opened at the module ``root`` ("" the model's root), with its shape
+        features (None when the memory model is off) and its ``ForwardState`` when attributed
+        (else None); returns a token for ``closed``."""
+
+    def closed(self, token: int) -> None:
+        """The forward ``opened`` returned ``token`` for has ended (returned, raised or abandoned)."""
 
 
 class ModelHandle(Protocol):
@@ -85,4 +98,4 @@ class ModelHandle(Protocol):
     def uninstrument(self) -> None: ...
 
 
-__all__ = ["ForwardObserver", "ModelHandle", "ProcessHistory"]
+__all__ = ["FlightListener", "ForwardObserver", "ModelHandle", "ProcessHistory"]

@@ -10,6 +10,8 @@ import os
 
 from ..config import Config, load_config, service_name_in_effect
 from ..dumps.store import default_dir
+from ..sources.tf_cpu_statistics import ENV as TF_BFC_ENV
+from ..sources.tf_cpu_statistics import how_requested
 from ..units import format_bytes
 
 
@@ -36,6 +38,15 @@ def _series(cfg: Config) -> str:
     return f"{c.layers}: {chosen}; budget {c.budget:,} series"
 
 
+def _tensorflow() -> str:
+    """Whether Keras on TensorFlow gets CPU figures in a process started from this shell."""
+    value = os.environ.get(TF_BFC_ENV, "")
+    if value.strip().lower() in ("1", "true"):
+        return (f"CPU statistics on ({how_requested()}); a process whose TensorFlow runs an op before "
+                f"it imports memprof_otel needs {TF_BFC_ENV}=true in its environment")
+    return f"CPU statistics only on CPUs with AVX-512/AMX ({how_requested()}): set {TF_BFC_ENV}=true for every CPU"
+
+
 def summary_lines(cfg: Config) -> list[str]:
     otlp = cfg.otel.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "none"
     rules = ", ".join(f"{r.name} ({r.metric} {r.op} {_threshold(r.metric, r.threshold)})"
@@ -53,6 +64,7 @@ def summary_lines(cfg: Config) -> list[str]:
         f"  dumps          {cfg.dumps.dir or str(default_dir(service_name_in_effect(cfg.service_name, os.environ), '<pid>')) + ' (per process)'} "
         f"(max {cfg.dumps.max_files} files, "
         f"{format_bytes(cfg.dumps.max_bytes)})",
+        f"  tensorflow     {_tensorflow()}",
     ]
 
 

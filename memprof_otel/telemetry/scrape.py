@@ -20,6 +20,7 @@ from .._log import rate_limited
 from .._version import __version__
 from ..attribution.handle import ModelHandle
 from ..attribution.registry import live_handles
+from ..config import Config
 from ..timeline import Sample
 from .fork_renewal import STATE
 from .layer_budget import LayerBudget
@@ -58,15 +59,17 @@ def layer_view(h: ModelHandle) -> LayerView:
 
 
 class ScrapeView:
-    """``sampler``: the running sampler, if any; ``torch_version``: the build-info's torch label;
+    """``config``: the config in force; ``sampler``: the running sampler, if any; ``torch_version``: the build-info's torch label;
     ``down_reasons`` and ``cuda_uuids``: the sources registry's (the sources down here, with why;
     torch's CUDA device UUIDs, read once CUDA is up)."""
     # ``op_stats`` and ``count_export_error`` are the collector's too (``export.prometheus.ScrapeSource``)
 
-    def __init__(self, sampler: Callable[[], Sampler | None], counters: SelfCounters, op_stats: OperationStats,
+    def __init__(self, config: Callable[[], Config | None], sampler: Callable[[], Sampler | None],
+                 counters: SelfCounters, op_stats: OperationStats,
                  budget: LayerBudget, torch_version: Callable[[], str], down_reasons: Callable[[], Mapping[str, str]],
                  cuda_uuids: Callable[[], Mapping[int, str]],
                  handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
+        self._config = config
         self._sampler = sampler
         self._counters = counters
         self._torch_version = torch_version
@@ -106,6 +109,14 @@ class ScrapeView:
 
     def record_series_exported(self, n: int) -> None:
         self.budget.record_series_exported(n)
+
+    @property
+    def config(self) -> Config | None:
+        """The config in force (None before the first start): the collector reads its series section."""
+        return self._config()
+
+    def exports_every_layer(self) -> bool:
+        return self.budget.exports_every_layer()
 
     def sources_up(self) -> dict[str, bool]:
         up = {name: False for name in self._down_reasons()}

@@ -632,3 +632,23 @@ def test_dump_writes_through_a_device_a_fifo_or_a_symlink(live: tuple[str, Path]
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert got and fifo.is_fifo()
     validate_speedscope(json.loads(got[0]))
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, "CPU statistics on (TF_CPU_ALLOCATOR_USE_BFC=true, set by memprof-otel at import); a process whose "
+           "TensorFlow runs an op before it imports memprof_otel needs TF_CPU_ALLOCATOR_USE_BFC=true in its environment"),
+    ("false", "CPU statistics only on CPUs with AVX-512/AMX (TF_CPU_ALLOCATOR_USE_BFC=false, set by the "
+              "environment): set TF_CPU_ALLOCATOR_USE_BFC=true for every CPU"),
+], ids=["unset", "user-false"])
+def test_check_config_says_whether_keras_on_tensorflow_gets_cpu_figures(tmp_path: Path, given: str | None,
+                                                                        expected: str) -> None:
+    path = tmp_path / "memprof.yaml"
+    path.write_text(GOOD_CONFIG)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC" and not k.startswith("MEMPROF_OTEL_")}
+    if given is not None:
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = given
+    proc = subprocess.run([sys.executable, "-m", "memprof_otel.cli", "check-config", str(path)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.split()[:1] == ["tensorflow"]]
+    assert len(lines) == 1 and lines[0].split(None, 1)[1] == expected

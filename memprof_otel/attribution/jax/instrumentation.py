@@ -60,6 +60,9 @@ class JaxBackend:
             return "jax allocator statistics; peak derived from the all-time high"
         return "jax live arrays; retained exact, peak a lower bound"
 
+    def how(self, device: Any) -> str:
+        return ""  # the same figures whatever the environment
+
 
 # ``attach(model, name=None, config=None, shape_of=None, **overrides)``, as frameworks.py calls it
 attach = attach_for(JaxBackend())

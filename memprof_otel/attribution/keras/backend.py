@@ -41,5 +41,10 @@ class KerasBackend(Protocol):
         """What the figures are read from, for the summary (``attribution_method``)."""
         ...
 
+    def how(self, device: Any) -> str:
+        """How the figures came to be available there, when that depends on the environment (TF's
+        CPU statistics on ``TF_CPU_ALLOCATOR_USE_BFC``), else ``""``: for ``/v1/status``."""
+        ...
+
 
 __all__ = ["KerasBackend"]

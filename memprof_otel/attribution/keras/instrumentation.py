@@ -72,12 +72,15 @@ class KerasInstrumentation(Instrumentation):
         device = backend.device()
         self.last_device = backend.device_label(device)
         self._method = backend.method(device)
+        self._how = backend.how(device)
         self._counter: HotCounter | None = None
+        self._no_figures = ""  # why the backend gives no figures here, when it gives none
         try:
             self._counter = backend.counter(device)
         except (ValueError, RuntimeError) as e:  # a backend that keeps no figures there
-            _log.warning("memprof_otel: model %r: %s gives no memory figures for %s (%s); "
-                         "no per-layer figures, forwards are counted", name, backend.title, device, e)
+            self._no_figures = f"{backend.title} gives no memory figures for {device} ({e})"
+            _log.warning("memprof_otel: model %r: %s; no per-layer figures, forwards are counted",
+                         name, self._no_figures)
         self._attach()
 
     # ---- what the neutral handle asks of an adapter ------------------------------------------
@@ -96,6 +99,12 @@ class KerasInstrumentation(Instrumentation):
     @property
     def attribution_method(self) -> str:
         return self._method
+
+    def figures_note(self) -> str:
+        if self._no_figures:
+            return f"none: {self._no_figures}"
+        how = self._how
+        return f"{self._method} ({how})" if how else self._method
 
     def object_paths(self) -> dict[int, str]:
         model = self._model_ref()

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ...sources.base import HotCounter
 from ...sources.tensorflow import TfAllocatorCounter, tf_device_label
+from ...sources.tf_cpu_statistics import how_requested, unavailable_hint
 from ..keras.instrumentation import attach_for
 
 
@@ -34,10 +35,19 @@ class TfBackend:
         return tf_device_label(device)
 
     def counter(self, device: str) -> HotCounter:
-        return TfAllocatorCounter(device)
+        try:
+            return TfAllocatorCounter(device)
+        except ValueError as e:
+            if device.startswith("CPU"):  # the one TF device whose statistics depend on a variable
+                raise ValueError(f"{e}; {unavailable_hint()}") from e
+            raise
 
     def method(self, device: str) -> str:
         return "tensorflow allocator statistics"
+
+    def how(self, device: str) -> str:
+        """How the CPU's statistics came to be kept (``/v1/status``'s ``figures``)."""
+        return how_requested() if device.startswith("CPU") else ""
 
 
 # ``attach(model, name=None, config=None, shape_of=None, **overrides)``, as frameworks.py calls it

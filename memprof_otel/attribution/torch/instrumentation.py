@@ -62,6 +62,7 @@ class _ThreadLocal(ForwardRecord):
     open_key: int | None = None  # id of the module whose call opened this thread's forward
     mode: LedgerMode | None = None
     busy = False                 # inside our own hook code (a __del__ must not interleave)
+    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 class TorchInstrumentation(Instrumentation):
@@ -221,6 +222,11 @@ class TorchInstrumentation(Instrumentation):
                 compiled = (under_dynamo or isinstance(module, _OptimizedModule)
                             or getattr(module, "_compiled_call_impl", None) is not None)
                 self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
+            if self._flight:  # the black box: every forward, attributed or not, while in flight
+                st = tls.state
+                shape = tls.shape if st is not None else (
+                    self._shape(args, kwargs) if not path and self.capacity is not None else None)
+                tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -281,6 +287,9 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
+        if tls.flight is not None:
+            tokens, tls.flight = tls.flight, None
+            self._flight_closed(tokens)
         _OPEN.close()
         if raised:
             self.forward_errors += 1

@@ -68,6 +68,9 @@ class ScriptedBackend:
     def method(self, device: Any) -> str:
         return "scripted counter"
 
+    def how(self, device: Any) -> str:
+        return "scripted environment"
+
 
 def _keras_class(name: str, module: str, *bases: type, **body: Any) -> type:
     return type(name, bases or (object,), {"__module__": module, "__qualname__": name, **body})
@@ -171,6 +174,17 @@ def test_a_capture_of_a_model_whose_backend_gives_no_figures_is_refused_saying_w
             h.capture()
         model(0)  # the model runs on, counted
         assert h.status()["forwards"] == 1
+        # /v1/status says there are no figures, and the backend's reason
+        assert h.status()["figures"] == "none: Scripted gives no memory figures for CPU:0 (no statistics on this device)"
+    finally:
+        h.uninstrument()
+
+
+def test_status_names_what_the_figures_are_read_from_and_how() -> None:
+    counter = ScriptedCounter()
+    h = attach_for(ScriptedBackend(counter))(_model(counter), name="figures-how")
+    try:
+        assert h.status()["figures"] == "scripted counter (scripted environment)"
     finally:
         h.uninstrument()
 
