@@ -253,7 +253,8 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_series_budget", "memprof.series.budget", "{series}", "gauge",
               "Series this process may export (series.budget): MemprofSeriesOverBudget fires above it"),
     MetricDef("memprof_build_info", "memprof.build_info", "", "info",
-              "memprof_otel and torch versions", ("version", "torch_version")),
+              "memprof_otel and framework versions (empty for a framework not in use)",
+              ("version", "torch_version", "keras_version", "tensorflow_version", "jax_version")),
 )
 
 BY_PROM: dict[str, MetricDef] = {m.prom: m for m in METRICS}

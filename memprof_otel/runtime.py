@@ -49,6 +49,7 @@ from .telemetry.sampled_sources import SampledSources
 from .telemetry.sampler import Sampler
 from .telemetry.scrape import ScrapeView, ignoring_context, layer_view
 from .telemetry.self_counters import SelfCounters
+from .telemetry.series import FRAMEWORKS
 from .timeline import OperationRecord, Sample
 from .watchdog.adapter import AlertCallback, Watchdog
 
@@ -78,9 +79,9 @@ def _shutdown_failed(what: str, e: Exception) -> None:
     log.warning("memprof_otel: shutdown: %s failed: %r", what, e, exc_info=e)
 
 
-def _torch_version() -> str:
-    torch = sys.modules.get("torch")
-    return str(getattr(torch, "__version__", "")) if torch is not None else ""
+def _framework_versions() -> dict[str, str]:
+    """Framework -> version, for each of FRAMEWORKS this process has imported (never imports one)."""
+    return {name: str(getattr(sys.modules[name], "__version__", "")) for name in FRAMEWORKS if name in sys.modules}
 
 
 def _shutdown_at_exit(ref: "weakref.ref[Runtime]") -> None:
@@ -111,8 +112,8 @@ class Runtime:
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
         self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects)
-        self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats, self.budget, _torch_version,
-                                 registry.down_reasons, registry.cuda_uuids)
+        self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats,
+                                 self.budget, _framework_versions, registry.down_reasons, registry.cuda_uuids)
         self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,
                                self.counters.extra_ooms)
         # the families every process has beside the built-in ones; the watchdog's and the leak

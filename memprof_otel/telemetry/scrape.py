@@ -59,20 +59,21 @@ def layer_view(h: ModelHandle) -> LayerView:
 
 
 class ScrapeView:
-    """``config``: the config in force; ``sampler``: the running sampler, if any; ``torch_version``: the build-info's torch label;
-    ``down_reasons`` and ``cuda_uuids``: the sources registry's (the sources down here, with why;
-    torch's CUDA device UUIDs, read once CUDA is up)."""
+    """``config``: the config in force; ``sampler``: the running sampler, if any; ``frameworks``:
+    framework -> version, of those in use (the build info's); ``down_reasons`` and ``cuda_uuids``:
+    the sources registry's (the sources down here, with why; torch's CUDA device UUIDs, read once
+    CUDA is up)."""
     # ``op_stats`` and ``count_export_error`` are the collector's too (``export.prometheus.ScrapeSource``)
 
     def __init__(self, config: Callable[[], Config | None], sampler: Callable[[], Sampler | None],
-                 counters: SelfCounters, op_stats: OperationStats,
-                 budget: LayerBudget, torch_version: Callable[[], str], down_reasons: Callable[[], Mapping[str, str]],
+                 counters: SelfCounters, op_stats: OperationStats, budget: LayerBudget,
+                 frameworks: Callable[[], Mapping[str, str]], down_reasons: Callable[[], Mapping[str, str]],
                  cuda_uuids: Callable[[], Mapping[int, str]],
                  handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
         self._config = config
         self._sampler = sampler
         self._counters = counters
-        self._torch_version = torch_version
+        self._frameworks = frameworks
         self._down_reasons = down_reasons
         self._cuda_uuids = cuda_uuids
         self._handles = handles
@@ -138,7 +139,7 @@ class ScrapeView:
             export_errors=dict(c.export_errors), dumps=dict(c.dumps),
             extra_ooms=dict(c.extra_ooms), config_errors=dict(c.config_errors),
             http_connection_errors=dict(c.http_connection_errors),
-            version=__version__, torch_version=self._torch_version())
+            version=__version__, frameworks=dict(self._frameworks()))
 
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
                per_layer: bool = True) -> Series:
