@@ -121,4 +121,8 @@ export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
 export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
+# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
+# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile).
+# Options after the script's name come last and win: `-n 0` runs the tests in one process.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"

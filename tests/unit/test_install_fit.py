@@ -366,6 +366,12 @@ def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
     assert torch_line.endswith("torch==2.13.0")
     assert "-e .[all]" in project_line and "--index-url" not in project_line
     assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
+    # two workers, a file's tests on one of them; the caller's options after ours, so theirs win
+    assert " -n 2 --dist loadfile -q -k x" in pytest_line
+
+
+def test_the_two_test_workers_come_from_the_dev_extra():
+    assert any(Requirement(r).name == "pytest-xdist" for r in _project()["optional-dependencies"]["dev"])
 
 
 @pytest.mark.parametrize("venv", [".venv-tf", ".venv-ray"])
