@@ -11,6 +11,7 @@ from .structure import fingerprint
 # LayerMemoryStats field -> baseline figure
 _STATS_FIELDS = {"peak_increase_bytes": "peak_increase", "retained_bytes": "retained", "calls": "calls",
                  "allocations": "total_allocations", "deallocations": "total_deallocations"}
+_COUNTS = ("calls", "allocations", "deallocations")
 
 
 def _int(stats: Mapping[str, Any], key: str, where: str) -> int:
@@ -23,13 +24,22 @@ def _int(stats: Mapping[str, Any], key: str, where: str) -> int:
 def build(model: str, stats: Mapping[str, Mapping[str, Any]], signatures: Mapping[str, str], *,
           inputs: Mapping[str, str] | None = None, environment: Mapping[str, str | None] | None = None,
           source: str = "python", forwards: int = 1, where: str = "layers") -> Baseline:
-    """``stats``: path -> a ``LayerMemoryStats.to_dict()``; ``signatures``: path -> signature in the
+    """``stats``: path -> a ``LayerMemoryStats.to_dict()`` over ``forwards`` forwards (the counts are
+    divided by it); ``signatures``: path -> signature in the
     model's order (the layers' order in the file; layers without one follow, by name). The
     fingerprint is over every layer's signature, tracked or not."""
     order = [p for p in signatures if p in stats] + sorted(p for p in stats if p not in signatures)
-    layers = tuple(LayerBaseline(path=p, signature=signatures.get(p, ""),
-                                 **{f: _int(stats[p], k, f"{where}.{p}") for f, k in _STATS_FIELDS.items()})
-                   for p in order)
+    per = max(1, forwards)
+
+    def figures(p: str) -> dict[str, int]:
+        out = {f: _int(stats[p], k, f"{where}.{p}") for f, k in _STATS_FIELDS.items()}
+        # counts are totals over the forwards measured: per forward, an endpoint's baseline after
+        # 1000 forwards compares with one measured on one
+        for f in _COUNTS:
+            out[f] = round(out[f] / per)
+        return out
+
+    layers = tuple(LayerBaseline(path=p, signature=signatures.get(p, ""), **figures(p)) for p in order)
     return Baseline(model=model, fingerprint=fingerprint(signatures) if signatures else fingerprint(
         {p: "" for p in stats}), layers=layers, inputs=dict(inputs or {}), environment=dict(environment or {}),
         source=source, forwards=forwards)

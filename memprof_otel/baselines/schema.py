@@ -35,8 +35,9 @@ class BaselineError(ConfigError):
 @dataclass(frozen=True)
 class LayerBaseline:
     """One layer: its path, its structural signature (the layer's type and its own parameters'
-    shapes, "" where not known) and its figures (maxima over the calls of the forwards measured;
-    ``calls``, ``allocations`` and ``deallocations`` are totals)."""
+    shapes, "" where not known) and its figures: the byte figures are maxima over its calls in the
+    forwards measured; ``calls``, ``allocations`` and ``deallocations`` are per forward (the totals
+    divided by the forwards, rounded)."""
     path: str
     signature: str = ""
     peak_increase_bytes: int = 0
