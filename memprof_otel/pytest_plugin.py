@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from .baselines import Baseline, Thresholds, diff, load, save
-from .baselines.render import text
+from .baselines.render import LABELS, text
 from .units import format_bytes, parse_bytes
 
 UPDATE_OPTION = "--memprof-update-baselines"
@@ -104,9 +104,9 @@ class MemprofBaseline:
                                 fail_above_bytes=parse_bytes(fail_above_bytes) if fail_above_bytes is not None else None)
             result = diff(load(stored), measured, limits)
             if result.failures:
-                grew = [f"layer {c.layer or '(root)'}: {c.figure} +{format_bytes(c.delta)} ({c.delta:+,} B"
-                        + (f", {c.relative:+.2%})" if c.relative is not None else ", from 0)")
-                        for c in result.failures]
+                grew = [f"layer {c.layer or '(root)'}: {LABELS[c.figure]} grew by {format_bytes(c.delta)} "
+                        f"({c.delta:,} B, " + (f"{c.relative:+.2%}" if c.relative is not None else "from 0")
+                        + f") to {c.new:,} B" for c in result.failures]
                 problems += grew + ["", text(result)]
         if problems:
             pytest.fail(f"memprof-otel: {label}: per-layer memory past its budget ({stored}):\n"
