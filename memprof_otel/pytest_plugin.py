@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+import memprof_otel as mp
+
 from .baselines import Baseline, Thresholds, diff, load, save
 from .baselines.render import LABELS, text
 from .units import format_bytes, parse_bytes
@@ -35,6 +37,7 @@ from .units import format_bytes, parse_bytes
 UPDATE_OPTION = "--memprof-update-baselines"
 DIR_INI = "memprof_baselines_dir"
 DEFAULT_DIR = "memprof-baselines"
+FIXTURE = "memprof_baseline"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,11 +55,9 @@ def _file_name(name: str) -> str:
 
 
 def _run(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Baseline:
-    # memprof_otel's public API (its runtime, torch when the model is one) only when a test asks:
-    # the plugin is imported by every pytest session where the package is installed
-    import memprof_otel
-
-    h = memprof_otel.instrument(model, name=name)
+    # mp.instrument loads the API and its runtime on first use (the package's names are lazy): only
+    # when a test asks, though pytest imports this plugin in every session where it is installed
+    h = mp.instrument(model, name=name)
     try:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(model, torch.nn.Module):
@@ -114,7 +115,7 @@ class MemprofBaseline:
         return measured
 
 
-@pytest.fixture
+@pytest.fixture(name=FIXTURE)
 def memprof_baseline(request: pytest.FixtureRequest) -> MemprofBaseline:
     """Check a model's per-layer memory against budgets and its stored baseline (``check``)."""
     config = request.config
