@@ -416,6 +416,10 @@ class SeriesConfig:
                                      "every layer anyway (chosen by a hash of the host name: stable per pod)")
     budget: int = _f(1000, _int(1, 100_000_000), "series a process may export before MemprofSeriesOverBudget "
                      "fires (exported as memprof_series_budget)")
+    families: str = _f("auto", _str(choices=("auto", "all", "fleet")),
+                       "the other families on /metrics: fleet = what the shipped alerts, dashboards and "
+                       "recording rules read, with coarser operation buckets; all = every family, full "
+                       "buckets; auto = fleet where per-layer series are top, all elsewhere")
 
 
 @dataclass(frozen=True)
@@ -540,6 +544,18 @@ class CapacityConfig:
                               "is the one the headroom gauge is computed for")
 
 
+@dataclass(frozen=True)
+class BlackboxConfig:
+    """The black box (docs/reference.md, "Post-mortems"): a small memory-mapped file per process that
+    outlives a SIGKILL, read by the next process to start."""
+    enabled: bool = _f(True, _bool, "keep this process's last seconds in a file that survives a kill, and "
+                       "report the files of processes that ended without a clean shutdown")
+    # null: <temp dir>/memprof-otel-blackbox-<service_name>, a private folder per service (blackbox/service.py)
+    dir: str | None = _f(None, _str(optional=True), "the folder of the black box files (null: a private "
+                         "folder per service under the temp dir); share it between restarts (an emptyDir)")
+    window: float = _f(60.0, _duration(1.0, 3600.0), "seconds of sampler ticks kept (at most 4096 ticks)")
+
+
 _SECTIONS: dict[str, type] = {
     "sampler": SamplerConfig, "attribution": AttributionConfig, "http": HttpConfig,
     "prometheus": PrometheusConfig, "series": SeriesConfig, "otel": OtelConfig, "watchdog": WatchdogConfig, "dumps": DumpsConfig,
@@ -547,6 +563,7 @@ _SECTIONS: dict[str, type] = {
     "workers": WorkersConfig,
     "leaks": LeaksConfig,
     "capacity": CapacityConfig,
+    "blackbox": BlackboxConfig,
 }
 
 
@@ -566,6 +583,7 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     leaks: LeaksConfig = field(default_factory=LeaksConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    blackbox: BlackboxConfig = field(default_factory=BlackboxConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form; the token is masked."""

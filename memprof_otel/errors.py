@@ -62,3 +62,7 @@ class ServeError(MemprofError, OSError):
 
 class ExportError(MemprofError, OSError):
     """A file could not be written (bad path, disk full); nothing partial is left behind."""
+
+
+class BlackBoxFormatError(MemprofError, ValueError):
+    """A black box file that is not one: wrong magic or version, truncated, or a corrupt header."""

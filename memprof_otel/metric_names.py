@@ -11,6 +11,14 @@ from dataclasses import dataclass
 MEMORY_PEAK_BUCKETS: tuple[float, ...] = tuple(float(1 << (20 + 2 * i)) for i in range(9))
 DURATION_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                                        30.0, 60.0, 300.0, 1800.0)
+# the same histograms as a pod of a fleet exports them on /metrics (series.families: fleet, the
+# default in top mode): a subset of the bounds above, so each bucket's cumulative count is exactly
+# the full histogram's at that bound. Decades from 10 ms to 10 s; powers of 4 from 256 MiB to 16 GiB
+# (the level at an operation's peak: a served model's weights alone are hundreds of MiB).
+FLEET_DURATION_BUCKETS: tuple[float, ...] = (0.01, 0.1, 1.0, 10.0)
+FLEET_MEMORY_PEAK_BUCKETS: tuple[float, ...] = tuple(float(1 << (28 + 2 * i)) for i in range(4))
+assert set(FLEET_DURATION_BUCKETS) <= set(DURATION_BUCKETS)
+assert set(FLEET_MEMORY_PEAK_BUCKETS) <= set(MEMORY_PEAK_BUCKETS)
 # per-layer forward times (OTel histogram memprof.layer.forward): half-decades, 10 us .. 1 s. Layer
 # calls run from microseconds (an activation) to a second (a whole large model), and a quantile
 # read off these buckets is within a factor ~3; 11 bounds = 12 buckets (+ sum, count) per
@@ -229,6 +237,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_http_connection_errors_total", "memprof.http.connection_errors", "{error}", "counter",
               "Connections to the endpoint's own server that failed, by reason: timeout, reset, broken_pipe, "
               "other (the client's side) or internal (the endpoint's own code)", ("reason",)),
+    MetricDef("memprof_postmortems_total", "memprof.postmortems", "{postmortem}", "counter",
+              "Processes of this service found ended without a clean shutdown (their black box left "
+              "behind), by reason: oom_kill, killed, exited (GET /v1/postmortem)", ("reason",)),
     MetricDef("memprof_dumps_total", "memprof.dumps", "{dump}", "counter",
               "Dumps attempted by format and result", ("format", "result")),
     MetricDef("memprof_layers_tracked", "memprof.layers.tracked", "{layer}", "gauge",

@@ -29,6 +29,7 @@ from .advice import (AdviceReport, CapacityFacts, Evidence, LeakSuspect, ModelLa
                      severity_by_id)
 from .attribution.handle import ModelHandle
 from .attribution.registry import live_handles
+from .blackbox.service import BlackBox, span_attributes
 from .config import (Config, ConfigError, DumpsConfig, SeriesConfig, load_config_tolerant,
                      service_name_in_effect, service_version_in_effect)
 from .dumps.heap_session import HeapProfiler
@@ -169,6 +170,10 @@ class Runtime:
                                         self.dump_service.store_json)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.count_export_error, _layer_view,
                                                  self.exported_layers)
+        # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
+        # post-mortems of the processes that left theirs (blackbox/)
+        self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
+                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)))
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
         self._fork_hooks: set[str] = set()
@@ -251,12 +256,15 @@ class Runtime:
                                  count_error=self.count_export_error)
         sampler.add_listener(self.watchdog.on_sample)
         self._start_snapshots(cfg, sampler)
+        self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        sampler.add_listener(self.blackbox.on_sample)
         self.sampler = sampler
         self.started_unix = time.time()
         sampler.start()
         self._watch_forks("services")  # after sampler.start(): see _watch_forks
         if not self._atexit:
             atexit.register(self.shutdown, 3.0)
+            atexit.register(self.blackbox.mark_exiting)  # runs first: the exit began
             self._atexit = True
 
     def _start_snapshots(self, cfg: Config, sampler: Sampler) -> None:
@@ -399,6 +407,7 @@ class Runtime:
         h.current_operation = _operation_name
         h.add_observer(self.oom_recorder)
         h.add_observer(self.otel_observer)
+        h.add_flight_listener(self.blackbox)
 
     def _dumps_config(self) -> DumpsConfig | None:
         cfg = self.config
@@ -488,6 +497,7 @@ class Runtime:
                 self._series_cache = None
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
+            self.blackbox.shutdown()  # a clean end leaves no black box behind
             self.config = None  # the next start takes the config it is given afresh
             self.monitoring_config = None
         return ok
@@ -608,6 +618,8 @@ class Runtime:
         if self.leaks is not None:
             for name, rows in self.leaks.series().items():
                 out.setdefault(name, []).extend(rows)
+        for name, rows in self.blackbox.series().items():
+            out.setdefault(name, []).extend(rows)
         for op, f in sorted(self.op_stats.snapshot().items()):
             out.setdefault("memprof_operation_memory_delta_bytes", []).append(({"operation": op}, f.last_delta))
         try:  # the advice rules over what was just measured: a rule that fails never costs the scrape

@@ -244,6 +244,23 @@ def container_oom_killed(c: Ctx) -> Rule:
                 "the endpoint dies with it: MemprofTargetDown.)")
 
 
+@alert("MemprofPostmortem")
+def postmortem(c: Ctx) -> Rule:
+    w = c.params["window"]
+    pm = c.m("memprof_postmortems_total", 'reason=~"oom_kill|killed"')
+    return Rule(
+        "MemprofPostmortem",
+        f"increase({pm}[{w}]) > 0\nor\n({pm} > 0 unless {pm} offset {w})",
+        "A process before {{ $labels.instance }} ended by {{ $labels.reason }}",
+        "{{ $labels.instance }} started after a process of its service that was ended by "
+        "{{ $labels.reason }} (no clean shutdown) and reported it in the last " f"{duration_words(w)}. "
+        "What it was doing when it died (the forward in flight: model, shape, layer) and its last "
+        "minute of memory: memprof-otel postmortem --url, or GET /v1/postmortem on the instance.",
+        comment="The process that reports a post-mortem is the one that started after the dead one: its\n"
+                "counter starts at its count. increase() catches a restart under the same labels, the\n"
+                "unless-offset part a new instance (a new pod IP) that had no series a window ago.")
+
+
 @alert("MemprofRssNearCgroupLimit")
 def rss_near_cgroup_limit(c: Ctx) -> Rule:
     p = c.params

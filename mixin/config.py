@@ -16,6 +16,8 @@ DEFAULTS = Path(__file__).resolve().parent / "config.yaml"
 
 # Maps whose keys are the user's own (label names), not config keys.
 _FREE_MAPS = {("alerts", "extra_labels"), ("kubernetes", "labels")}
+# Keys that moved, with where they are now: named in the error instead of "unknown key".
+_MOVED = {("dashboards", "cluster_label"): "cluster_label", ("dashboards", "namespace_label"): "namespace_label"}
 _DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 _DURATION_KEYS = {"for", "window", "interval"}
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -58,6 +60,9 @@ def merge(base: dict[str, Any], user: dict[str, Any], where: tuple[str, ...] = (
                 raise MixinConfigError(f"{name}: labels need a label name and a string value")
             out[key] = str(value)
             continue
+        if key not in base and path in _MOVED:
+            raise MixinConfigError(f"{name}: moved to the top level as {_MOVED[path]} (the recording rules "
+                                   "keep that label too, not only the dashboards)")
         if key not in base:
             known = ", ".join(sorted(base))
             raise MixinConfigError(f"{name}: unknown key (known here: {known})")
@@ -86,6 +91,8 @@ def _checked(name: str, key: str, default: Any, value: Any) -> Any:
         raise MixinConfigError(f"{name}: expected a Prometheus duration such as 5m or 1h30m, got {value!r}")
     if key == "quantile" and not 0 <= value <= 1:
         raise MixinConfigError(f"{name}: a quantile is between 0 and 1, got {value!r}")
+    if key.endswith("_label") and not _LABEL_NAME.match(value):
+        raise MixinConfigError(f"{name}: a Prometheus label name such as cluster, got {value!r}")
     if key == "selector" and ("{" in value or "}" in value):
         raise MixinConfigError(f"{name}: label matchers only, without braces, e.g. 'namespace=\"ml\"'")
     return value

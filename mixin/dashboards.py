@@ -39,12 +39,26 @@ class Matchers:
     @property
     def chain(self) -> list[tuple[str, str, str]]:
         """(variable, label, display name) of the target variables, outermost first."""
-        d = self.cfg["dashboards"]
         # rank: the ranks of a distributed job (torchrun) carry a rank label; a plain process has
         # none, and the variable's "All" (.*) matches a series without the label too
-        return [("cluster", d["cluster_label"], "Cluster"), ("namespace", d["namespace_label"], "Namespace"),
-                ("job", "job", "Job"), ("pod", d["pod_label"], "Pod"), ("rank", "rank", "Rank"),
+        return [*self.fleet_chain, ("pod", self.cfg["dashboards"]["pod_label"], "Pod"), ("rank", "rank", "Rank"),
                 ("instance", "instance", "Instance")]
+
+    @property
+    def fleet_chain(self) -> list[tuple[str, str, str]]:
+        """The target variables the fleet recording rules keep (cluster, namespace, job)."""
+        return [("cluster", self.cfg["cluster_label"], "Cluster"), ("namespace", self.cfg["namespace_label"], "Namespace"),
+                ("job", "job", "Job")]
+
+    @property
+    def fleet_targets(self) -> str:
+        """The fleet variables as matchers: on the recorded series, and on raw series with the selector."""
+        return matchers(*(f'{label}=~"${name}"' for name, label, _ in self.fleet_chain))
+
+    @property
+    def fleet_grouping(self) -> str:
+        """The labels that keep fleets apart in a panel's ``by (...)``, before model and layer."""
+        return ", ".join(label for _, label, _ in self.fleet_chain)
 
     def upto(self, variable: str | None = None) -> str:
         """The extra matchers and the target variables before ``variable`` (all of them: None)."""
@@ -426,6 +440,19 @@ def overview(q: Matchers) -> dict[str, Any]:
                {"Value #A": ("threshold", "short"), "Value #B": ("firing", "none")},
                sort_by="firing"), 8, 6),
     ])
+    postmortem: Section = ("Post-mortems", [
+        (stat("Post-mortems by reason",
+              "Processes found ended without a clean shutdown by the process that started after them, by "
+              "reason (oom_kill, killed, exited), over the instances shown: what each was doing (model, "
+              "shape, layer) and its last minute of memory are at GET /v1/postmortem (memprof-otel "
+              "postmortem --url ...); each is a postmortem dump too.",
+              [target(f"sum by (reason) (memprof_postmortems_total{{{q.base}}})", "{{reason}}")], "none",
+              threshold_steps=((1, RED),), color_mode="background"), 12, 5),
+        (timeseries("Post-mortems found",
+                    "Post-mortems each instance reported, by reason: a step is a restart after a kill "
+                    "(MemprofPostmortem fires).",
+                    [target(f"memprof_postmortems_total{{{q.base}}}", "{{instance}} {{reason}}")], "none"), 12, 5),
+    ])
     self_: Section = ("memprof-otel itself", [
         (timeseries("Self overhead",
                     "Time spent inside memprof-otel's hooks per second of wall time (0.01 = 1% "
@@ -453,7 +480,7 @@ def overview(q: Matchers) -> dict[str, Any]:
                      "Process, allocator and GPU memory of processes instrumented with memprof-otel, "
                      "each model's capacity (headroom, max safe batch), watchdog state and the exporter's "
                      "own cost.",
-                     [process, allocator, gpu, capacity, watchdog, self_])
+                     [process, allocator, gpu, capacity, postmortem, watchdog, self_])
 
 
 def layers(q: Matchers) -> dict[str, Any]:
@@ -598,78 +625,91 @@ def operations(q: Matchers) -> dict[str, Any]:
 def fleet(q: Matchers) -> dict[str, Any]:
     """Layers across the processes of a model, from the fleet recording rules (mixin/recording.py).
 
-    A dashboard of its own: the recorded series keep only model, layer and device, so the target
-    variables of the other dashboards (cluster ... instance) cannot narrow them, and the configured
-    selector was already applied by the rules. Only the series-budget panel reads raw per-process
-    series (with the selector)."""
+    A dashboard of its own: the recorded series keep cluster, namespace, job, model, layer and
+    device, so its variables are those (pod and instance are folded away), and the configured
+    selector was already applied by the rules. Panels group by cluster and namespace besides model
+    and layer, so one model name in two namespaces is two lines even with "All" picked. Only the
+    series-budget and layers-exported panels read raw per-process series (with the selector)."""
     r = q.cfg["recording"]
     w, pct = r["window"], f"p{float(r['quantile']) * 100:g}"
     rec = recording.name
-    sel = 'model=~"$model", device=~"$device"'
-    raw_model = matchers(q.cfg["selector"], 'model=~"$model"')   # per-process series of the models picked
+    cl, ns = q.cfg["cluster_label"], q.cfg["namespace_label"]
+    where = f"{cl}, {ns}"                                  # what keeps fleets apart in a panel
+    at = f" {{{{{ns}}}}} {{{{{cl}}}}}"                     # legend suffix: empty without the labels
+    targets = q.fleet_targets
+    sel = f'{targets}, model=~"$model", device=~"$device"'
+    raw = matchers(q.cfg["selector"], targets)                        # per-process series of the fleets picked
+    raw_model = matchers(raw, 'model=~"$model"')
     no_root = f'{sel}, layer!=""'
     peak_max = rec("memprof_layer_peak_increase_bytes", "max")
     peak_q = rec("memprof_layer_peak_increase_bytes", "quantile")
     pods = rec("memprof_layer_peak_increase_bytes", "count")
-    template = [variables(q)[0],
-                query_var("model", "Model", label_values(peak_max, "", "model")),
-                query_var("device", "Device", label_values(peak_max, 'model=~"$model"', "device"))]
-    top10 = f"topk(10, max by (model, layer) ({peak_max}{{{no_root}}}))"
+    template = [variables(q)[0]]
+    before: list[str] = []
+    for name, label, title in q.fleet_chain:
+        template.append(query_var(name, title, label_values(peak_max, matchers(*before), label)))
+        before.append(f'{label}=~"${name}"')
+    template += [query_var("model", "Model", label_values(peak_max, targets, "model")),
+                 query_var("device", "Device", label_values(peak_max, f'{targets}, model=~"$model"', "device"))]
+    by_layer = f"{where}, model, layer"
+    top10 = f"topk(10, max by ({by_layer}) ({peak_max}{{{no_root}}}))"
+    layer_legend = "{{model}} {{layer}}" + at
     layers_: Section = ("Layers across the pods of a model", [
         (bargauge("Fleet top layers by max peak increase",
                   "The 15 layers with the largest peak increase in any process of their model (the worst "
-                  "pod: what a pod must be sized for), root module excluded.",
-                  [target(f"topk(15, max by (model, layer) ({peak_max}{{{no_root}}}))",
-                          "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
+                  "pod: what a pod must be sized for), root module excluded; a model of the same name in "
+                  "another namespace or cluster is another fleet.",
+                  [target(f"topk(15, max by ({by_layer}) ({peak_max}{{{no_root}}}))",
+                          layer_legend, instant=True)], "bytes"), 12, 10),
         (bargauge("Fleet top layers by max retained memory",
                   "The 15 layers leaving the most allocated in any process of their model, root module "
                   "excluded.",
-                  [target(f"topk(15, max by (model, layer) ({rec('memprof_layer_retained_bytes', 'max')}{{{no_root}}}))",
-                          "{{model}} {{layer}}", instant=True)], "bytes"), 12, 10),
+                  [target(f"topk(15, max by ({by_layer}) ({rec('memprof_layer_retained_bytes', 'max')}{{{no_root}}}))",
+                          layer_legend, instant=True)], "bytes"), 12, 10),
         (timeseries(f"Peak increase {pct} vs max across pods",
                     f"For the 10 layers with the largest max: the {pct} of the peak increase across the "
                     "processes of the model (solid) and the max (dashed). A max far above the quantile is "
                     "a few pods with other inputs or another GPU, not the model.",
-                    [target(f"max by (model, layer) ({peak_q}{{{no_root}}})\n  and on(model, layer) {top10}",
-                            f"{{{{model}}}} {{{{layer}}}} {pct}"),
-                     target(top10, "{{model}} {{layer}} max")], "bytes", overrides=[dashed("B")]), 12, 9),
+                    [target(f"max by ({by_layer}) ({peak_q}{{{no_root}}})\n  and on({by_layer}) {top10}",
+                            f"{layer_legend} {pct}"),
+                     target(top10, f"{layer_legend} max")], "bytes", overrides=[dashed("B")]), 12, 9),
         (timeseries("Mean forward time across pods",
                     f"Mean duration of one attributed forward call of each layer over every process of the "
                     f"model ({w} rate of the summary's _sum over its _count, summed across pods first; 10 "
                     "slowest, root module excluded).",
-                    [target(f"topk(10, max by (model, layer) ({rec('memprof_layer_forward_seconds', recording.mean_op(w))}{{{no_root}}}))",
-                            "{{model}} {{layer}}")], "s"), 12, 9),
+                    [target(f"topk(10, max by ({by_layer}) ({rec('memprof_layer_forward_seconds', recording.mean_op(w))}{{{no_root}}}))",
+                            layer_legend)], "s"), 12, 9),
     ])
     pods_: Section = ("Pods and series", [
         (timeseries("Pods per model",
                     "Processes exporting each model's per-layer series (each worker of a pod counts), from "
                     "the root module's count: every process exports the root module.",
-                    [target(f"max by (model, device) ({pods}{{{sel}, layer=\"\"}})", "{{model}} {{device}}")],
+                    [target(f"sum by ({where}, model, device) ({pods}{{{sel}, layer=\"\"}})",
+                            "{{model}} {{device}}" + at)],
                     "short"), 12, 8),
         (timeseries("Series exported per pod vs budget",
                     "Series in each process's last /metrics answer (the 20 largest) and the configured "
                     "series.budget (dashed red). MemprofSeriesOverBudget fires when a process stays above "
                     "its budget: set series.layers: top or lower series.top_layers.",
-                    [target(f"topk(20, memprof_series_exported{{{q.cfg['selector']}}})"
-                            if q.cfg["selector"] else "topk(20, memprof_series_exported)", "{{instance}}"),
-                     target(f"max(memprof_series_budget{{{q.cfg['selector']}}})"
-                            if q.cfg["selector"] else "max(memprof_series_budget)", "budget")],
+                    [target(f"topk(20, memprof_series_exported{{{raw}}})", "{{instance}}" + at),
+                     target(f"max(memprof_series_budget{{{raw}}})", "budget")],
                     "short", overrides=[dashed_red("B")]), 12, 8),
         (table("Layers tracked and exported per model",
                "Layers each model has figures for (all in /v1/layers and dumps) and how many of them the "
                "pods export per-layer series for: fewer with series.layers: top (the root, the "
                "series.top_layers largest and any leak suspect); the most is all of them on pods that "
                "export every layer (series.full_detail_fraction).",
-               [target(f"max by (model) (memprof_layers_tracked{{{raw_model}}})", instant=True, table=True),
-                target(f"min by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True),
-                target(f"max by (model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True)],
+               [target(f"max by ({where}, model) (memprof_layers_tracked{{{raw_model}}})", instant=True, table=True),
+                target(f"min by ({where}, model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True),
+                target(f"max by ({where}, model) (memprof_layers_exported{{{raw_model}}})", instant=True, table=True)],
                {"Value #A": ("tracked", "short"), "Value #B": ("exported (fewest)", "short"),
                 "Value #C": ("exported (most)", "short")}, sort_by="tracked"), 24, 6),
     ])
     return dashboard(q, "fleet", "Fleet",
                      "Per-layer memory and forward time folded across the processes (pods) of each model "
-                     "by the fleet recording rules (model_layer_device:*), the pods per model, each "
-                     "process's series against its budget, and the layers exported per model.",
+                     f"by the fleet recording rules ({recording.LEVEL}:*), kept apart per cluster, namespace "
+                     "and job; the pods per model, each process's series against its budget, and the layers "
+                     "exported per model.",
                      [layers_, pods_], template=template)
 
 

@@ -31,9 +31,11 @@ ALERTS_HEADER = """\
 
 RECORDING_HEADER = """\
 # Prometheus recording rules for fleets of memprof-otel processes: each per-layer figure folded
-# across the processes (pods) of a model into one series per (model, layer, device), named
-# model_layer_device:<metric>:<operation> (Prometheus' level:metric:operations convention). The
-# Fleet dashboard reads them; a federating or remote-writing Prometheus can keep only these.
+# across the processes (pods) of a model into one series per (cluster, namespace, job, model, layer,
+# device), named namespace_model_layer_device:<metric>:<operation> (Prometheus'
+# level:metric:operations convention). The same model name in two namespaces or clusters stays two
+# fleets; without a cluster or namespace label the rules record without it. The Fleet dashboard
+# reads them; a federating or remote-writing Prometheus can keep only these.
 #
 # Proven with `promtool test rules recording_rules_test.yml` (tests/assets runs it, with `promtool
 # check rules`), and loaded into a real Prometheus scraping the demo by the integration tests.

@@ -2,15 +2,23 @@
 
 One process exports ~5 series per layer (peak increase, peak allocated, retained, forward time's
 _count/_sum); a fleet of 1,000 pods serving the same model multiplies that by 1,000. These rules
-keep one series per (model, layer, device) for each figure, so dashboards and long-term storage
-read a few hundred series instead of hundreds of thousands (a federating or remote-writing
-Prometheus can keep only ``model_layer_device:.*``).
+keep one series per (cluster, namespace, job, model, layer, device) for each figure, so dashboards
+and long-term storage read a few hundred series instead of hundreds of thousands (a federating or
+remote-writing Prometheus can keep only ``namespace_model_layer_device:.*``).
+
+What is folded away is what tells the processes of one deployment apart (instance, pod, rank,
+container, ...). What is kept is what tells deployments apart: a model name is the team's choice,
+so "enc" in namespace "search" and "enc" in namespace "ads", or in two clusters behind one Thanos,
+are two fleets and must not fold into one max. ``by (...)`` of a label a series lacks simply leaves
+it out, so the same rules serve a plain Prometheus with no cluster or namespace label.
 
 Names follow Prometheus' ``level:metric:operations`` convention: the level is the labels the
-result keeps (model, layer, device), the metric the input's name, the operations what was done.
+result keeps, with the cluster and job implicit as in the kube-prometheus mixins (they name the
+Prometheus and the scrape the series came from, not an aggregation level), the metric the input's
+name, the operations what was done.
 
 Every input selector goes through ``series(...)`` with the configured ``selector``; the outputs
-carry no target labels (instance, pod, namespace), so a query on them must not repeat it.
+carry no per-process labels (instance, pod), so a query on them must not repeat it.
 """
 from __future__ import annotations
 
@@ -19,8 +27,13 @@ from typing import Any
 
 from .promql import number, series
 
-LEVEL = "model_layer_device"
-BY = "model, layer, device"
+LEVEL = "namespace_model_layer_device"
+
+
+def kept_labels(cfg: dict[str, Any]) -> tuple[str, ...]:
+    """The labels every recorded series keeps, outermost first (the configured cluster and
+    namespace label names)."""
+    return (cfg["cluster_label"], cfg["namespace_label"], "job", "model", "layer", "device")
 
 
 @dataclass(frozen=True)
@@ -32,7 +45,7 @@ class RecordingRule:
 
 
 def name(metric: str, operation: str) -> str:
-    """``model_layer_device:<metric>:<operation>``."""
+    """``namespace_model_layer_device:<metric>:<operation>``."""
     return f"{LEVEL}:{metric}:{operation}"
 
 
@@ -51,6 +64,7 @@ def rules(cfg: dict[str, Any]) -> list[RecordingRule]:
     if not r["enabled"]:
         return []
     sel, q, w = cfg["selector"], number(r["quantile"]), r["window"]
+    by = ", ".join(kept_labels(cfg))
 
     def s(metric: str) -> str:
         return series(metric, sel)
@@ -58,25 +72,25 @@ def rules(cfg: dict[str, Any]) -> list[RecordingRule]:
     out = []
     for metric in ("memprof_layer_peak_increase_bytes", "memprof_layer_retained_bytes"):
         out.append(RecordingRule(
-            name(metric, "max"), f"max by ({BY}) ({s(metric)})",
+            name(metric, "max"), f"max by ({by}) ({s(metric)})",
             comment="The worst process of the model: what a pod must be sized for."
             if metric.endswith("increase_bytes") else ""))
         out.append(RecordingRule(
-            name(metric, "quantile"), f"quantile by ({BY}) ({q}, {s(metric)})", labels={"quantile": q},
+            name(metric, "quantile"), f"quantile by ({by}) ({q}, {s(metric)})", labels={"quantile": q},
             comment=f"The {q} quantile across the processes: a max far above it is a few outliers\n"
                     "(other inputs, another GPU), not the model." if metric.endswith("increase_bytes") else ""))
     out.append(RecordingRule(
         name("memprof_layer_peak_increase_bytes", "count"),
-        f"count by ({BY}) ({s('memprof_layer_peak_increase_bytes')})",
+        f"count by ({by}) ({s('memprof_layer_peak_increase_bytes')})",
         comment="How many processes export the layer: every process of the model for the root module\n"
                 "(layer \"\"); fewer for a layer that is only in some processes' top layers\n"
                 "(series.layers: top)."))
     out.append(RecordingRule(name("memprof_layer_peak_allocated_bytes", "max"),
-                             f"max by ({BY}) ({s('memprof_layer_peak_allocated_bytes')})"))
+                             f"max by ({by}) ({s('memprof_layer_peak_allocated_bytes')})"))
     for part in ("sum", "count"):
         metric = f"memprof_layer_forward_seconds_{part}"
         out.append(RecordingRule(
-            name(metric, rate_op(w)), f"sum by ({BY}) (rate({s(metric)}[{w}]))",
+            name(metric, rate_op(w)), f"sum by ({by}) (rate({s(metric)}[{w}]))",
             comment="Summed over the processes, then divided below: the mean over every attributed call\n"
                     "of the fleet, each process weighted by its calls." if part == "sum" else ""))
     out.append(RecordingRule(

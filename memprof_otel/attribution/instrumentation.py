@@ -33,7 +33,7 @@ from . import registry as live
 from .forward_state import ForwardState, event_capacity, event_dict
 from . import layer_structure
 from .handle import ProcessHistory
-from .observers import ForwardObserver
+from .observers import FlightListener, ForwardObserver
 from .peaks import LayerCall
 from .scheduler import AttributionScheduler
 from .stats import LayerAccumulator, LayerMemoryStats
@@ -91,6 +91,8 @@ class Instrumentation:
         # forward observers (observers.py): how the layers above hear of forwards and completed
         # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
         self._observers: list[ForwardObserver] = []
+        # forwards in flight, attributed or not (the black box); empty: the forward path skips it
+        self._flight: list[FlightListener] = []
         # the process's samples and operations, for export_timeline (set by the composition root)
         self.process_history: ProcessHistory = _no_history
         # the name of the operation the calling context runs in (set by the composition root, which
@@ -303,6 +305,32 @@ class Instrumentation:
         """Hear of this handle's forwards and captures (``observers.py``); the composition root
         adds the OOM recorder and the OTel recorder."""
         self._observers.append(observer)
+
+    def add_flight_listener(self, listener: FlightListener) -> None:
+        """Hear of every forward's opening and end (``observers.FlightListener``); the composition
+        root adds the black box. Adding the same listener again does nothing."""
+        if listener not in self._flight:
+            self._flight.append(listener)
+
+    def _flight_opened(self, root: str, features: Features | None, state: Any) -> tuple[int, ...] | None:
+        """Tell the flight listeners a forward opened (one that raises is counted and skipped)."""
+        tokens = []
+        for fl in self._flight:
+            try:
+                tokens.append(fl.opened(self.name, root, features, state))
+            except Exception as e:
+                tokens.append(-1)
+                self._count_error("flight", e)
+        return tuple(tokens)
+
+    def _flight_closed(self, tokens: tuple[int, ...] | None) -> None:
+        if not tokens:
+            return
+        for fl, token in zip(self._flight, tokens):
+            try:
+                fl.closed(token)
+            except Exception as e:
+                self._count_error("flight", e)
 
     def events(self) -> list[dict[str, Any]]:
         with self._events_lock:

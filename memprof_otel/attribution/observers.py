@@ -7,7 +7,7 @@ raises is counted in the handle's hook errors and the model never sees it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from .forward_state import ForwardState
 
@@ -32,4 +32,17 @@ class ForwardObserver(Protocol):
         the next export, so a job that uninstruments before shutting down still exports them)."""
 
 
-__all__ = ["ForwardObserver"]
+class FlightListener(Protocol):
+    """Hears of every forward, attributed or not, while it is in flight (the black box). Called in
+    the forward's thread at its opening and its end: both must be cheap and never raise."""
+
+    def opened(self, model: str, root: str, features: Mapping[str, int] | None, state: Any) -> int:
+        """A forward of ``model`` opened at the module ``root`` ("" the model's root), with its shape
+        features (None when the memory model is off) and its ``ForwardState`` when attributed
+        (else None); returns a token for ``closed``."""
+
+    def closed(self, token: int) -> None:
+        """The forward ``opened`` returned ``token`` for has ended (returned, raised or abandoned)."""
+
+
+__all__ = ["FlightListener", "ForwardObserver"]

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "advise": ("advise", "advice over what a running endpoint measured, each citing its figures (--fail-on for CI)"),
     "demo": ("demo", "run the instrumented example inference server with synthetic traffic"),
     "headroom": ("headroom", "how much more fits: max safe batch per sequence length, or one shape's predicted peak"),
+    "postmortem": ("postmortem", "why earlier processes of a running endpoint's service ended (OOM kill, kill, exit) "
+                                 "and what they were doing"),
     "baseline": ("baseline", "save a running endpoint's per-layer figures of a model as a baseline file"),
     "diff": ("diff", "compare two baseline files per layer (--fail-above for CI)"),
 }

@@ -43,7 +43,7 @@ _FILE_RE = re.compile(rf"(?P<id>{ID_RE.pattern})\.(?P<kind>{KIND_RE.pattern})\.j
 _MODEL_BAD = re.compile(r"[^A-Za-z0-9_-]")
 _TEMP_RE = re.compile(r"\.memprof-.*\.tmp")  # our temp files (here and in ``files.py``)
 STALE_TEMP_SECONDS = 3600.0  # a temp file untouched this long belongs to a writer that died
-PROTECTED_KINDS = frozenset({"oom"})  # kept under their own quota, never rotated by other dumps
+PROTECTED_KINDS = frozenset({"oom", "postmortem"})  # kept under their own quota, never rotated by other dumps
 
 
 @dataclass(frozen=True)

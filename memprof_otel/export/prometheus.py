@@ -18,10 +18,12 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.exposition import choose_encoder
 
 from .._log import rate_limited
+from ..config import Config
 from ..metric_names import BY_PROM, METRICS, MetricDef
 from ..telemetry.operation_stats import OperationStats
 from ..telemetry.ranks import process_labels
 from ..telemetry.series import LayerView, Series, layer_forward_series
+from .fleet_families import FLEET_BUCKETS, LEFT_OUT, serves_fleet_set
 from .layer_exposition import LAYER_FAMILIES, render_layer_families
 
 
@@ -29,7 +31,9 @@ class ScrapeSource(Protocol):
     """What a scrape reads (the process runtime is one): layer views, the series, operation stats."""
 
     op_stats: OperationStats
+    config: Config | None
 
+    def exports_every_layer(self) -> bool: ...
     def layer_views(self) -> list[LayerView]: ...
     def exported_layer_views(self, views: list[LayerView] | None = None) -> list[LayerView]: ...
     def record_series_exported(self, n: int) -> None: ...
@@ -58,12 +62,16 @@ class MemprofCollector(Collector):
             series = rt.series(max_age_s=0.0, views=views, per_layer=self._layers)
             views = rt.exported_layer_views(views)  # the summary's layers: those of the series budget
             ops = rt.op_stats.snapshot()
+            fleet = serves_fleet_set(rt.config.series.families if rt.config is not None else "auto",
+                                     rt.exports_every_layer())
         except Exception as e:  # a scrape never fails because of us
             rt.count_export_error("prometheus")
             rate_limited.warning("scrape", "memprof_otel: building the scrape failed: %r", e)
             return
         for d in METRICS:
             if not self._layers and d.prom in LAYER_FAMILIES:
+                continue
+            if fleet and d.prom in LEFT_OUT:
                 continue
             const = self.labels
             if d.kind == "summary":
@@ -73,16 +81,20 @@ class MemprofCollector(Collector):
                                    sum_value=seconds)
                 yield fam
             elif d.kind == "histogram":
-                yield self._histogram(d, ops, const)
+                yield self._histogram(d, ops, const, FLEET_BUCKETS[d.prom][1] if fleet and d.prom in FLEET_BUCKETS else None)
             else:
                 yield _family(d, series.get(d.prom, ()), const)
 
     @staticmethod
-    def _histogram(d: MetricDef, ops: dict[str, Any], const: Mapping[str, str]) -> Metric:
+    def _histogram(d: MetricDef, ops: dict[str, Any], const: Mapping[str, str],
+                   bounds: tuple[float, ...] | None = None) -> Metric:
+        """``bounds``: a subset of the histogram's own to serve (the fleet set); None: all."""
         fam = HistogramMetricFamily(d.prom, d.help, labels=[*const, *d.labels], unit=d.prom_unit)
         for name, f in sorted(ops.items()):
             h = {"memprof_operation_duration_seconds": f.duration,
                  "memprof_operation_memory_peak_increase_bytes": f.peak_increase}.get(d.prom, f.peak)
+            if bounds is not None:
+                h = h.coarse(bounds)
             buckets = [(le, count, Exemplar({"trace_id": ex[0]}, ex[1], ex[2]) if ex else None)
                        for le, count, ex in h.cumulative()]
             fam.add_metric([*const.values(), name], buckets, sum_value=h.sum)

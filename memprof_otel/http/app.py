@@ -26,6 +26,7 @@ from .._version import __version__
 from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
+from ..blackbox.service import BlackBox
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.flame import MalformedDump, flame_from_stored
 from ..dumps.heap_session import HeapProfiler
@@ -62,6 +63,7 @@ QUERY_PARAMETERS: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/layers"): frozenset({"model"}), ("GET", "/v1/timeline"): frozenset({"since", "limit", "cursor"}),
     ("GET", "/v1/leaks"): frozenset({"top"}), ("GET", "/v1/advice"): frozenset({"model", "min_severity"}),
     ("GET", "/v1/watchdog/rules"): frozenset(), ("PUT", "/v1/watchdog/rules"): frozenset(),
+    ("GET", "/v1/postmortem"): frozenset(),
     ("GET", "/v1/dumps"): frozenset(), ("POST", "/v1/dumps"): frozenset({"kind", "forwards", "timeout", "model", "wait"}),
     ("GET", DUMP_ROUTE): frozenset({"wait", "format"}),
 }
@@ -84,6 +86,7 @@ class EndpointServices(ScrapeSource, Protocol):
     leaks: LeakWatch | None
     dump_service: DumpService
     heap: HeapProfiler
+    blackbox: BlackBox
     started_unix: float
     servers: list[Any]
 
@@ -273,7 +276,7 @@ class Endpoint:
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
             ("GET", "/v1/leaks"): self.leaks, ("GET", "/v1/headroom"): self.headroom,
-            ("GET", "/v1/advice"): self.advice,
+            ("GET", "/v1/advice"): self.advice, ("GET", "/v1/postmortem"): self.postmortem,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
@@ -498,6 +501,10 @@ class Endpoint:
             raise HttpError(400, "bad_parameter", f"min_severity must be one of {', '.join(SEVERITIES)}, "
                             f"got {_shown(floor)}")
         return json_response(200, self.rt.advice(model, floor))  # UnknownModel: 404 unknown_model
+
+    def postmortem(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """The processes of this service that ended without a clean shutdown, from their black boxes."""
+        return json_response(200, self.rt.blackbox.document())
 
     def get_rules(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         wd = self.rt.watchdog

@@ -220,6 +220,37 @@ def _schemas() -> dict[str, Any]:
         "Headroom": {"type": "object", "required": ["models"], "properties": {
             "models": {"type": "object", "additionalProperties": _ref("HeadroomModel")},
             "reason": {"type": "string"}}},
+        "Postmortems": {"type": "object", "required": ["postmortems", "skipped_files", "scanning", "recording"],
+                        "properties": {
+            "postmortems": {"type": "array", "items": {
+                "type": "object", "required": ["pid", "reason", "evidence", "ended_unix", "limit_bytes", "in_flight",
+                                               "samples"], "properties": {
+                    "pid": {"type": "integer"},
+                    "reason": {"type": "string", "enum": ["oom_kill", "killed", "exited"]},
+                    "evidence": {"type": "array", "items": {"type": "string", "enum": [
+                        "kernel_log", "oom_kill_counter", "oom_event", "limit_reached", "exit_started",
+                        "no_exit_path"]}},
+                    "ended_unix": {"type": ["number", "null"]},
+                    "started_unix": {"type": ["number", "null"]},
+                    "service": {"type": ["string", "null"]},
+                    "host": {"type": ["string", "null"]},
+                    "limit_bytes": {"type": ["integer", "null"]},
+                    "near_limit": {"type": ["object", "null"]},
+                    "in_flight": {"type": "array", "items": {
+                        "type": "object", "required": ["model", "features", "layer", "operation"], "properties": {
+                            "model": {"type": ["string", "null"]},
+                            "features": {"type": "object", "additionalProperties": {"type": "integer"}},
+                            "layer": {"type": "string"}, "operation": {"type": ["string", "null"]},
+                            "started_unix": {"type": ["number", "null"]}, "limit_reached": {"type": "boolean"}}}},
+                    "samples": {"type": "array", "items": {"type": "object", "required": ["t"],
+                                                           "properties": {"t": {"type": "number"}}}},
+                    "torn_slots": {"type": "integer"},
+                    "sampler_interval_seconds": {"type": ["number", "null"]},
+                    "window_seconds": {"type": ["number", "null"]},
+                    "dump_id": {"type": ["string", "null"]}}}},
+            "skipped_files": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "scanning": {"type": "boolean"}, "recording": {"type": "boolean"},
+            "dir": {"type": ["string", "null"]}, "disabled_reason": {"type": ["string", "null"]}}},
         "Leaks": {"type": "object", "required": ["enabled", "suspects", "series", "top_surviving_layers",
                                                  "survivor_tables", "params"], "properties": {
             "enabled": {"type": "boolean"},
@@ -379,6 +410,11 @@ def openapi_document() -> dict[str, Any]:
                 "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule, or a query parameter",
                                                            "413": "body too large", **auth, **mutating},
                            body=rules_body, schema=_ref("Rules"))},
+            "/v1/postmortem": {"get": _op(
+                "the processes of this service that ended without a clean shutdown (OOM-killed, killed, "
+                "exited), read from the black box files they left: why, the evidence that decided it, the "
+                "forwards in flight and the last window of sampler ticks",
+                {"200": "post-mortems (an empty list when none)", **no_query, **auth}, schema=_ref("Postmortems"))},
             "/v1/dumps": {
                 "get": _op("stored dumps", {"200": "dumps", **no_query, **auth,
                                             "503": "the process's own dump folder is not private (another "

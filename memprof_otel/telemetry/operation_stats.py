@@ -48,6 +48,25 @@ class Histogram:
         return out
 
 
+    def coarse(self, bounds: Sequence[float]) -> Histogram:
+        """This histogram with only ``bounds`` (a subset of its own): each kept bucket takes the
+        buckets merged into it, so the cumulative count at every kept bound is exact, and the
+        latest of their exemplars."""
+        missing = set(bounds) - set(self.bounds)
+        if missing:
+            raise ValueError(f"bounds {sorted(missing)} are not bounds of this histogram")
+        out = Histogram(tuple(sorted(bounds)))
+        out.sum, out.count = self.sum, self.count
+        for i, (c, ex) in enumerate(zip(self.counts, self.exemplars)):
+            # the fine bucket i holds values <= bounds[i] (+Inf for the last): it goes to the first
+            # kept bucket whose bound is at least that
+            j = len(out.bounds) if i == len(self.bounds) else bisect.bisect_left(out.bounds, self.bounds[i])
+            out.counts[j] += c
+            if ex is not None and (out.exemplars[j] is None or ex[2] >= out.exemplars[j][2]):
+                out.exemplars[j] = ex
+        return out
+
+
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 

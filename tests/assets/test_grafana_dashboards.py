@@ -228,9 +228,9 @@ def _expected_unit(expr: str) -> str | None:
 
 
 def test_unit_rules_classify_known_shapes() -> None:
-    assert _expected_unit("model_layer_device:memprof_layer_peak_increase_bytes:max{layer!=\"\"}") == "bytes"
-    assert _expected_unit("max by (model) (model_layer_device:memprof_layer_peak_increase_bytes:count)") == "short"
-    assert _expected_unit("model_layer_device:memprof_layer_forward_seconds:mean5m") == "s"
+    assert _expected_unit("namespace_model_layer_device:memprof_layer_peak_increase_bytes:max{layer!=\"\"}") == "bytes"
+    assert _expected_unit("max by (model) (namespace_model_layer_device:memprof_layer_peak_increase_bytes:count)") == "short"
+    assert _expected_unit("namespace_model_layer_device:memprof_layer_forward_seconds:mean5m") == "s"
     assert _expected_unit('memprof_process_resident_memory_bytes{instance=~"$instance"}') == "bytes"
     assert _expected_unit("rate(memprof_overhead_seconds_total[5m])") == "percentunit"
     assert _expected_unit("a_bytes / on(instance) b_bytes") == "percentunit"
@@ -392,30 +392,41 @@ def test_overview_shows_each_models_capacity() -> None:
 # ---------------------------------------------------------------------------- fleet
 
 RECORDED = re.compile(r"\b(\w+:\w+:\w+)(\{[^{}]*\})?")
-FLEET_MATCHERS = 'model=~"$model", device=~"$device"'
+FLEET_TARGETS = 'cluster=~"$cluster", namespace=~"$namespace", job=~"$job"'
+FLEET_MATCHERS = f'{FLEET_TARGETS}, model=~"$model", device=~"$device"'
 
 
-def test_fleet_variables_list_the_recorded_models_and_devices() -> None:
+def test_fleet_variables_chain_the_recorded_clusters_namespaces_jobs_models_and_devices() -> None:
+    """The recorded series keep cluster, namespace and job: the Fleet dashboard offers them as the
+    other dashboards do, each narrowed by the ones before it."""
     peak_max = mixin_recording.name("memprof_layer_peak_increase_bytes", "max")
     assert dict(aq.variable_queries(_load(FLEET))) == {
-        "model": f"label_values({peak_max}, model)",
-        "device": f'label_values({peak_max}{{model=~"$model"}}, device)'}
+        "cluster": f"label_values({peak_max}, cluster)",
+        "namespace": f'label_values({peak_max}{{cluster=~"$cluster"}}, namespace)',
+        "job": f'label_values({peak_max}{{cluster=~"$cluster", namespace=~"$namespace"}}, job)',
+        "model": f"label_values({peak_max}{{{FLEET_TARGETS}}}, model)",
+        "device": f'label_values({peak_max}{{{FLEET_TARGETS}, model=~"$model"}}, device)'}
     assert _variables(_load(FLEET))["datasource"]["type"] == "datasource"
 
 
 @pytest.mark.parametrize("panel", _panels(FLEET), ids=lambda p: p["title"])
-def test_fleet_panels_read_recorded_series_filtered_by_model_and_device(panel: dict[str, Any]) -> None:
+def test_fleet_panels_read_recorded_series_filtered_by_the_fleet_variables(panel: dict[str, Any]) -> None:
     defined = set(mixin_recording.names(mixin_config.load()))
     for t in panel["targets"]:
         recorded = RECORDED.findall(t["expr"])
         if not recorded:
-            # per-process figures (the series budget): raw metrics, no target variables here
+            # per-process figures (the series budget): raw metrics, narrowed by the fleet variables
             assert aq.metric_names_in(t["expr"]) <= {"memprof_series_exported", "memprof_series_budget",
                                                      "memprof_layers_tracked", "memprof_layers_exported"}, t["expr"]
+            selectors = re.findall(r"memprof_\w+(\{[^{}]*\})?", t["expr"])
+            assert selectors and all(FLEET_TARGETS in s for s in selectors), t["expr"]
             continue
         for name, selector in recorded:
             assert name in defined, f"{name} is no recording rule of recording_rules.yml"
             assert FLEET_MATCHERS in selector, t["expr"]
+        # an aggregation that drops the namespace would fold one model name of two namespaces again
+        for by in re.findall(r"\bby \(([^()]*)\)", t["expr"]):
+            assert {"cluster", "namespace"} <= {s.strip() for s in by.split(",")}, t["expr"]
 
 
 def test_fleet_dashboard_covers_the_fleet_views() -> None:
@@ -437,7 +448,8 @@ def test_fleet_dashboard_covers_the_fleet_views() -> None:
     assert {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}} in override["properties"]
     tracked, fewest, most = exprs["Layers tracked and exported per model"]
     assert "memprof_layers_tracked{" in tracked and 'model=~"$model"' in tracked
-    assert fewest.startswith("min by (model) (memprof_layers_exported{") and most.startswith("max by (model)")
+    assert fewest.startswith("min by (cluster, namespace, model) (memprof_layers_exported{")
+    assert most.startswith("max by (cluster, namespace, model)")
 
 
 def test_fleet_dashboard_follows_the_recording_config() -> None:

@@ -37,7 +37,7 @@ def test_every_recorded_series_used_is_defined_by_a_recording_rule() -> None:
     """A dashboard or rule reading a recorded series nobody records would be silently empty."""
     defined = aq.recorded_names()
     used = aq.recorded_names_used()
-    assert len(defined) >= 5 and set(used) >= {"model_layer_device:memprof_layer_peak_increase_bytes:max"}
+    assert len(defined) >= 5 and set(used) >= {"namespace_model_layer_device:memprof_layer_peak_increase_bytes:max"}
     unknown = {name: sorted(files) for name, files in used.items() if name not in defined}
     assert not unknown, f"recorded series no rule of recording_rules.yml defines: {unknown}"
     # every recorded series is used somewhere: its own unit test at least
@@ -89,3 +89,16 @@ def test_variable_selector() -> None:
     assert aq.variable_selector("label_values(memprof_build_info, instance)") == "memprof_build_info"
     assert aq.variable_selector('label_values(m{job="x"}, device)') == 'm{job="x"}'
     assert aq.variable_selector("query_result(topk(3, m))") == "topk(3, m)"
+
+
+def test_what_a_fleet_pod_leaves_out_is_read_by_no_shipped_rule_or_dashboard() -> None:
+    """``series.families: fleet`` (the default in top mode) leaves families out of /metrics on the
+    grounds that nothing shipped reads them: no alert (expression or text), recording rule or panel."""
+    from memprof_otel.export.fleet_families import LEFT_OUT
+
+    used = {name: {f for f in files if not f.endswith("_test.yml")} for name, files in aq.metric_names_used().items()}
+    assert not {name: files for name, files in used.items() if name in LEFT_OUT and files}
+    alerts = (aq.REPO / "deploy/prometheus/alerts.yml").read_text()
+    assert not [name for name in LEFT_OUT if name in alerts]
+    documented = aq.documented_metric_names()
+    assert LEFT_OUT <= documented        # no typo: each is a metric we export

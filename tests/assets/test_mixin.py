@@ -36,7 +36,8 @@ CUSTOM = {
             "MemprofWatchdogAlertFiring": {"enabled": False},
         },
     },
-    "dashboards": {"cluster_label": "k8s_cluster", "uid_prefix": "ml-memprof-", "exemplars": False},
+    "cluster_label": "k8s_cluster",
+    "dashboards": {"uid_prefix": "ml-memprof-", "exemplars": False},
     "recording": {"group_name": "memprof-ml-fleet", "interval": "30s", "quantile": 0.75, "window": "10m"},
     "kubernetes": {"namespace": "monitoring", "labels": {"release": "kube-prometheus-stack"}},
 }
@@ -147,8 +148,12 @@ def test_custom_dashboards(custom: tuple[Path, dict[str, str]]) -> None:
         assert d["uid"] == Path(rel).stem
         variables = dict(aq.variable_queries(d))
         if rel.endswith("fleet.json"):
-            # recorded series keep model, layer and device only: the selector was applied by the rules
-            assert "cluster" not in variables and set(variables) == {"model", "device"}
+            # recorded series keep the fleet labels (the configured cluster label's name), model,
+            # layer and device: the selector was applied by the rules
+            assert list(variables) == ["cluster", "namespace", "job", "model", "device"]
+            peak_max = mixin_recording.name("memprof_layer_peak_increase_bytes", "max")
+            assert variables["cluster"] == f"label_values({peak_max}, k8s_cluster)"
+            assert 'k8s_cluster=~"$cluster"' in variables["namespace"]
             exprs = [t["expr"] for p in aq.iter_panels(d) for t in p.get("targets", [])]
             assert all(CUSTOM["selector"] in inside for e in exprs for _, inside in _selectors(e))
             assert any(":mean10m{" in e for e in exprs) and not any("mean5m" in e for e in exprs)
@@ -216,6 +221,9 @@ def test_custom_job_selector_fires_for_that_job_only(custom: tuple[Path, dict[st
     ("recording: {window: soon}\n", "recording.window"),
     ("recording: {interval: 1 minute}\n", "recording.interval"),
     ("recording: {enabled: 'yes'}\n", "recording.enabled"),
+    ("cluster_label: 'k8s-cluster'\n", "cluster_label"),
+    # moved to the top level when the recording rules started keeping the label: the error says where
+    ("dashboards: {namespace_label: ns}\n", "dashboards.namespace_label: moved to the top level as namespace_label"),
 ])
 def test_bad_config_is_one_line_naming_the_key(tmp_path: Path, text: str, key: str) -> None:
     (tmp_path / "bad.yaml").write_text(text)
@@ -281,39 +289,85 @@ def test_custom_recording_rules(custom: tuple[Path, dict[str, str]], promtool: s
         assert found, name
         for metric, inside in found:
             assert inside == CUSTOM["selector"], (name, metric, inside)
-    q = rules["model_layer_device:memprof_layer_peak_increase_bytes:quantile"]
+    q = rules["namespace_model_layer_device:memprof_layer_peak_increase_bytes:quantile"]
     assert "(0.75, memprof_layer_peak_increase_bytes{" in q["expr"] and q["labels"] == {"quantile": "0.75"}
-    assert "[10m]" in rules["model_layer_device:memprof_layer_forward_seconds_sum:sum_rate10m"]["expr"]
+    assert "[10m]" in rules["namespace_model_layer_device:memprof_layer_forward_seconds_sum:sum_rate10m"]["expr"]
 
 
 def test_custom_recording_rules_fold_only_the_selected_series(custom: tuple[Path, dict[str, str]], promtool: str,
                                                               tmp_path: Path) -> None:
-    """The configured selector reaches the rules' inputs: a pod of another namespace stays out."""
+    """The configured selector reaches the rules' inputs: a pod of another namespace stays out. The
+    configured cluster label (k8s_cluster) is kept; a `cluster` label is then just a target label,
+    folded away like instance."""
     (tmp_path / "recording_rules.yml").write_text(custom[1]["deploy/prometheus/recording_rules.yml"])
-    series = 'memprof_layer_peak_increase_bytes{{namespace="{ns}", cluster="prod-eu", instance="{i}", ' \
-             'model="enc", layer="blocks.0", device="cuda:0"}}'
+    series = 'memprof_layer_peak_increase_bytes{{namespace="{ns}", cluster="prod-eu", k8s_cluster="eu-1", ' \
+             'instance="{i}", model="enc", layer="blocks.0", device="cuda:0"}}'
     tests = {"rule_files": ["recording_rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
         "input_series": [{"series": series.format(ns="ml", i="a"), "values": "100x5"},
                          {"series": series.format(ns="ml", i="b"), "values": "300x5"},
                          {"series": series.format(ns="dev", i="c"), "values": "5000x5"}],
         "promql_expr_test": [
-            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:max", "eval_time": "4m",
-             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:max'
-                                        '{model="enc", layer="blocks.0", device="cuda:0"}', "value": 300}]},
+            {"expr": "namespace_model_layer_device:memprof_layer_peak_increase_bytes:max", "eval_time": "4m",
+             "exp_samples": [{"labels": 'namespace_model_layer_device:memprof_layer_peak_increase_bytes:max'
+                                        '{k8s_cluster="eu-1", namespace="ml", model="enc", layer="blocks.0", device="cuda:0"}',
+                             "value": 300}]},
             # 0.75 quantile of 100 and 300: 100 + 0.75 * 200
-            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:quantile", "eval_time": "4m",
-             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:quantile'
-                                        '{model="enc", layer="blocks.0", device="cuda:0", quantile="0.75"}',
+            {"expr": "namespace_model_layer_device:memprof_layer_peak_increase_bytes:quantile", "eval_time": "4m",
+             "exp_samples": [{"labels": 'namespace_model_layer_device:memprof_layer_peak_increase_bytes:quantile'
+                                        '{k8s_cluster="eu-1", namespace="ml", model="enc", layer="blocks.0", device="cuda:0", '
+                                        'quantile="0.75"}',
                               "value": 250}]},
-            {"expr": "model_layer_device:memprof_layer_peak_increase_bytes:count", "eval_time": "4m",
-             "exp_samples": [{"labels": 'model_layer_device:memprof_layer_peak_increase_bytes:count'
-                                        '{model="enc", layer="blocks.0", device="cuda:0"}', "value": 2}]},
+            {"expr": "namespace_model_layer_device:memprof_layer_peak_increase_bytes:count", "eval_time": "4m",
+             "exp_samples": [{"labels": 'namespace_model_layer_device:memprof_layer_peak_increase_bytes:count'
+                                        '{k8s_cluster="eu-1", namespace="ml", model="enc", layer="blocks.0", device="cuda:0"}',
+                             "value": 2}]},
         ],
     }]}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
     result = run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
     assert result.returncode == 0, report(result)
+
+
+def test_renamed_fleet_labels_keep_one_model_name_of_two_namespaces_apart(promtool: str, tmp_path: Path) -> None:
+    """A Prometheus whose relabelling names them kubernetes_namespace and k8s_cluster: the rules keep
+    those, so "enc" of two namespaces and of two clusters are three fleets; the Fleet dashboard's
+    variables and panels use the same names."""
+    cfg = mixin_config.merge(mixin_config.defaults(), {"cluster_label": "k8s_cluster",
+                                                       "namespace_label": "kubernetes_namespace"})
+    files = mixin_outputs.render(cfg)
+    (tmp_path / "recording_rules.yml").write_text(files["deploy/prometheus/recording_rules.yml"])
+    series = 'memprof_layer_peak_increase_bytes{{job="memprof-otel", k8s_cluster="{c}", ' \
+             'kubernetes_namespace="{ns}", instance="{i}", model="enc", layer="", device="cpu"}}'
+    inputs = [("eu", "search", "a", 100), ("eu", "search", "b", 300), ("eu", "ads", "c", 5000), ("us", "search", "a", 700)]
+    record = mixin_recording.name("memprof_layer_peak_increase_bytes", "max")
+    count = mixin_recording.name("memprof_layer_peak_increase_bytes", "count")
+
+    def out(name: str, c: str, ns: str) -> str:
+        return f'{name}{{job="memprof-otel", k8s_cluster="{c}", kubernetes_namespace="{ns}", model="enc", device="cpu"}}'
+    # the reference: plain arithmetic over the inputs, grouped by (cluster, namespace)
+    fleets: dict[tuple[str, str], list[int]] = {}
+    for c, ns, _, v in inputs:
+        fleets.setdefault((c, ns), []).append(v)
+    tests = {"rule_files": ["recording_rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": series.format(c=c, ns=ns, i=i), "values": f"{v}x5"} for c, ns, i, v in inputs],
+        "promql_expr_test": [
+            {"expr": record, "eval_time": "4m",
+             "exp_samples": [{"labels": out(record, c, ns), "value": max(vs)} for (c, ns), vs in fleets.items()]},
+            {"expr": count, "eval_time": "4m",
+             "exp_samples": [{"labels": out(count, c, ns), "value": len(vs)} for (c, ns), vs in fleets.items()]},
+        ],
+    }]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(tests))
+    result = run(promtool, "test", "rules", "test.yml", cwd=tmp_path)
+    assert result.returncode == 0, report(result)
+    fleet = json.loads(next(text for rel, text in files.items() if rel.endswith("fleet.json")))
+    variables = dict(aq.variable_queries(fleet))
+    assert variables["namespace"] == f'label_values({record}{{k8s_cluster=~"$cluster"}}, kubernetes_namespace)'
+    exprs = [t["expr"] for p in aq.iter_panels(fleet) for t in p.get("targets", [])]
+    assert all('kubernetes_namespace=~"$namespace"' in e for e in exprs), exprs
+    assert sum("by (k8s_cluster, kubernetes_namespace, model" in e for e in exprs) >= 6, exprs
 
 
 def test_recording_disabled_writes_no_rules_and_no_fleet_dashboard() -> None:

@@ -25,19 +25,19 @@ EXPECTED_ALERTS = {
     "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing", "MemprofMemoryLeakSuspected",
     "MemprofHeadroomLow", "MemprofHeadroomExhausted", "MemprofCapacityModelInaccurate",
-    "MemprofSeriesOverBudget",
+    "MemprofSeriesOverBudget", "MemprofPostmortem",
 }
 # the fleet recording rules (recording_rules.yml), in evaluation order
 EXPECTED_RECORDS = [
-    "model_layer_device:memprof_layer_peak_increase_bytes:max",
-    "model_layer_device:memprof_layer_peak_increase_bytes:quantile",
-    "model_layer_device:memprof_layer_retained_bytes:max",
-    "model_layer_device:memprof_layer_retained_bytes:quantile",
-    "model_layer_device:memprof_layer_peak_increase_bytes:count",
-    "model_layer_device:memprof_layer_peak_allocated_bytes:max",
-    "model_layer_device:memprof_layer_forward_seconds_sum:sum_rate5m",
-    "model_layer_device:memprof_layer_forward_seconds_count:sum_rate5m",
-    "model_layer_device:memprof_layer_forward_seconds:mean5m",
+    "namespace_model_layer_device:memprof_layer_peak_increase_bytes:max",
+    "namespace_model_layer_device:memprof_layer_peak_increase_bytes:quantile",
+    "namespace_model_layer_device:memprof_layer_retained_bytes:max",
+    "namespace_model_layer_device:memprof_layer_retained_bytes:quantile",
+    "namespace_model_layer_device:memprof_layer_peak_increase_bytes:count",
+    "namespace_model_layer_device:memprof_layer_peak_allocated_bytes:max",
+    "namespace_model_layer_device:memprof_layer_forward_seconds_sum:sum_rate5m",
+    "namespace_model_layer_device:memprof_layer_forward_seconds_count:sum_rate5m",
+    "namespace_model_layer_device:memprof_layer_forward_seconds:mean5m",
 ]
 RUNBOOKS = REPO / "docs" / "runbooks.md"
 SEVERITIES = {"info", "warning", "critical"}
@@ -203,14 +203,22 @@ def test_recording_rule_unit_tests_pass(promtool: str) -> None:
 
 @pytest.mark.parametrize(("old", "new"), [
     ("(0.9, memprof_layer_peak_increase_bytes)", "(0.5, memprof_layer_peak_increase_bytes)"),
-    ("max by (model, layer, device) (memprof_layer_retained_bytes)",
-     "max by (model, layer, device, instance) (memprof_layer_retained_bytes)"),
-    ("count by (model, layer, device)", "count by (model, device)"),
-    ("/ model_layer_device:memprof_layer_forward_seconds_count", "* model_layer_device:memprof_layer_forward_seconds_count"),
+    ("max by (cluster, namespace, job, model, layer, device) (memprof_layer_retained_bytes)",
+     "max by (cluster, namespace, job, model, layer, device, instance) (memprof_layer_retained_bytes)"),
+    ("count by (cluster, namespace, job, model, layer, device)", "count by (cluster, namespace, job, model, device)"),
+    # one model name in two namespaces, two clusters or two jobs folded into one fleet again
+    ("max by (cluster, namespace, job, model, layer, device) (memprof_layer_peak_increase_bytes)",
+     "max by (cluster, job, model, layer, device) (memprof_layer_peak_increase_bytes)"),
+    ("count by (cluster, namespace, job, model, layer, device)", "count by (namespace, job, model, layer, device)"),
+    ("quantile by (cluster, namespace, job, model, layer, device) (0.9, memprof_layer_peak_increase_bytes)",
+     "quantile by (cluster, namespace, model, layer, device) (0.9, memprof_layer_peak_increase_bytes)"),
+    ("sum by (cluster, namespace, job, model, layer, device) (rate(memprof_layer_forward_seconds_sum",
+     "sum by (cluster, job, model, layer, device) (rate(memprof_layer_forward_seconds_sum"),
+    ("/ namespace_model_layer_device:memprof_layer_forward_seconds_count", "* namespace_model_layer_device:memprof_layer_forward_seconds_count"),
 ])
 def test_a_broken_recording_rule_is_caught(promtool: str, tmp_path, old: str, new: str) -> None:
     """Guards the guard: the unit tests fail when a rule folds differently (another quantile, a
-    label kept, another grouping, another operation)."""
+    label kept, another grouping, a fleet label dropped, another operation)."""
     text = RECORDING.read_text()
     assert text.count(old) == 1, old
     (tmp_path / "recording_rules.yml").write_text(text.replace(old, new))
@@ -230,12 +238,12 @@ def test_recording_rules_are_the_expected_ones_in_order() -> None:
 def test_recording_rule_names_follow_level_metric_operations() -> None:
     for r in _records():
         level, metric, operation = r["record"].split(":")
-        assert level == "model_layer_device", r["record"]
+        assert level == "namespace_model_layer_device", r["record"]
         # the metric part is the input series' name, and the rule reads it
         assert re.match(r"memprof_layer_\w+$", metric) and metric in r["expr"], r
         assert operation in {"max", "quantile", "count", "sum_rate5m", "mean5m"}, r
         if operation != "mean5m":       # the mean divides the two recorded rates
-            assert "by (model, layer, device)" in r["expr"], r
+            assert "by (cluster, namespace, job, model, layer, device)" in r["expr"], r
     quantiles = [r for r in _records() if r["record"].endswith(":quantile")]
     assert quantiles and all(r["labels"] == {"quantile": "0.9"} and "(0.9," in r["expr"] for r in quantiles)
 
@@ -249,6 +257,11 @@ def test_recording_rule_unit_tests_cover_every_rule_and_load_the_shipped_file() 
     pods = {re.search(r'instance="([^"]+)"', s["series"]).group(1) for s in doc["tests"][0]["input_series"]
             if 'model="enc"' in s["series"]}
     assert len(pods) == 3
+    # and the same model name in two namespaces and two clusters, and on a Prometheus without them
+    fleets = {tuple(re.search(rf'{label}="([^"]+)"', s["series"]).group(1) for label in ("cluster", "namespace"))
+              for s in doc["tests"][2]["input_series"]}
+    assert fleets == {("eu", "search"), ("eu", "ads"), ("us", "search")}
+    assert not any("cluster=" in s["series"] or "namespace=" in s["series"] for s in doc["tests"][3]["input_series"])
 
 
 def test_recording_rules_yml_is_what_the_mixin_writes_with_its_defaults() -> None:

@@ -14,6 +14,10 @@ import torch
 
 import memprof_otel as mp
 
+# One intra-op thread: GNU OpenMP is not fork-safe. A matrix product run on several threads in the
+# master (the warm-up below, under --preload) left every worker's first forward waiting forever on
+# OpenMP threads that were not forked (seen on a 2-core AMD EPYC: MKL's sgemm through libgomp).
+torch.set_num_threads(1)
 mp.start_monitoring()
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 handle = mp.instrument(model, name="tiny")

@@ -182,26 +182,29 @@ def test_every_metric_used_by_grafana_and_deploy_exists_and_every_panel_returns_
     assert not unexpected, f"panels without data against the demo: {unexpected}"
     assert set(empty_all) == expected_empty, f"listed as empty but have data: {expected_empty - set(empty_all)}"
 
-    # AND every recording rule recorded the demo's layers, folded to model, layer and device
+    # AND every recording rule recorded the demo's layers, folded to job, model, layer and device
+    # (a plain Prometheus has no cluster or namespace label: the rules record without them)
     for record, found in recorded.items():
         assert found, f"recording rule {record} recorded nothing"
         for s in found:
             # (the root module's layer "" is no label at all in Prometheus)
             labels = {k for k in s["metric"] if k != "__name__"}
-            kept = {"model", "layer", "device"} | ({"quantile"} if record.endswith(":quantile") else set())
+            kept = {"job", "model", "layer", "device"} | ({"quantile"} if record.endswith(":quantile") else set())
             assert kept - {"layer"} <= labels <= kept, (record, s["metric"])
+            assert s["metric"]["job"] == JOB, s["metric"]
         assert {(s["metric"]["model"], s["metric"]["device"]) for s in found} >= {("minilm", "cpu")}, record
-    pods = recorded["model_layer_device:memprof_layer_peak_increase_bytes:count"]
+    pods = recorded["namespace_model_layer_device:memprof_layer_peak_increase_bytes:count"]
     assert all(float(s["value"][1]) == 1 for s in pods), pods       # one demo process
     assert any("layer" not in s["metric"] for s in pods)             # the root module is exported
     assert any(s["metric"].get("layer") for s in pods)                # and the layers
 
     # AND the chained variables offer the demo's values; the labels a plain Prometheus lacks offer
     # none, and their "All" (or an empty value) still matches every series; the Fleet dashboard
-    # offers the recorded models and devices
+    # offers the recorded jobs, models and devices, and no cluster or namespace here
     fleet_offered, _ = resolved.pop("memprof-fleet")
-    assert set(fleet_offered) == {"model", "device"} and "minilm" in fleet_offered["model"], fleet_offered
-    assert "cpu" in fleet_offered["device"], fleet_offered
+    assert list(fleet_offered) == ["cluster", "namespace", "job", "model", "device"], fleet_offered
+    assert fleet_offered["cluster"] == fleet_offered["namespace"] == [] and fleet_offered["job"] == [JOB]
+    assert "minilm" in fleet_offered["model"] and "cpu" in fleet_offered["device"], fleet_offered
     for name, (dash_offered, _) in resolved.items():
         assert {k for k, v in dash_offered.items() if not v} == ABSENT_LABELS, (name, dash_offered)
         assert dash_offered["job"] == [JOB] and dash_offered["instance"] == [target], dash_offered

@@ -69,6 +69,7 @@ class _ThreadLocal(threading.local):
     busy = False                 # inside our own hook code (a __del__ must not interleave)
     opened = 0                   # this forward's place in the process-wide count of openings
     shape: dict[str, int] | None = None  # the attributed forward's shape features (capacity model)
+    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 class TorchInstrumentation(Instrumentation):
@@ -243,6 +244,11 @@ class TorchInstrumentation(Instrumentation):
                     self._begin_compiled(module, "", t, root_only=True)
                 if tls.state is not None and not path and self.capacity is not None:
                     tls.shape = self._shape(args, kwargs)
+            if self._flight:  # the black box: every forward, attributed or not, while in flight
+                st = tls.state
+                shape = tls.shape if st is not None else (
+                    self._shape(args, kwargs) if not path and self.capacity is not None else None)
+                tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -303,6 +309,9 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
+        if tls.flight is not None:
+            tokens, tls.flight = tls.flight, None
+            self._flight_closed(tokens)
         _OPEN.close()
         if raised:
             self.forward_errors += 1

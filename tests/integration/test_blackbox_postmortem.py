@@ -1,0 +1,159 @@
+"""Post-mortems across processes, with real kills: a child SIGKILLed by the test mid-forward, and
+one the kernel OOM-kills mid-forward in a memory cgroup of its own (cgroup v1 here). The next
+process with the same black box folder names each, through its real HTTP endpoint, with the
+reason, the forward in flight (shape and layer) and the samples of its last window; its
+``memprof_postmortems_total`` counts them and ``/v1/dumps`` lists them.
+
+The references are the test's own: the signal it sent, the kernel's exit status of the child
+(-9) and the cgroup's ``oom_kill`` counter read before the cgroup is removed (as Kubernetes
+replaces a restarted container's cgroup: the record must carry its evidence itself), the shape
+the child was given, and the ticks a sampler of a known interval takes in a window.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration import blackbox_child as child
+
+WINDOW_S = 3.0
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+LIMIT = 700 << 20
+
+
+def _env(folder: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    env.update(MEMPROF_OTEL_BLACKBOX_DIR=str(folder), MEMPROF_OTEL_BLACKBOX_WINDOW=str(WINDOW_S),
+               OTEL_SDK_DISABLED="true", PYTHONUNBUFFERED="1")
+    return env
+
+
+def _victim(folder: Path, mode: str, cgroup: Path | None = None) -> subprocess.Popen:
+    args = [sys.executable, "-m", "tests.integration.blackbox_child", "victim", mode]
+    if cgroup is not None:
+        args.append(str(cgroup))
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=_env(folder))
+
+
+def _wait_long(p: subprocess.Popen) -> int:
+    line = p.stdout.readline()
+    assert line.startswith("long "), f"the child never reached its long forward: {line!r}"
+    return int(line.split()[1])
+
+
+def _make_cgroup() -> Path | None:
+    if os.geteuid() != 0 or not os.access(CGROUP_V1, os.W_OK):
+        return None
+    for n in range(100):
+        d = CGROUP_V1 / f"memprof-bb-{os.getpid()}-{n}"
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        (d / "memory.limit_in_bytes").write_text(str(LIMIT))
+        if (d / "memory.memsw.limit_in_bytes").exists():  # no swap to escape to
+            (d / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
+        (d / "memory.swappiness").write_text("0")
+        return d
+    return None
+
+
+def _remove_cgroup(d: Path) -> None:
+    for _ in range(100):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # the dead child's charge is still being uncharged
+            time.sleep(0.05)
+    d.rmdir()
+
+
+def _oom_kills(d: Path) -> int:
+    return int(re.search(r"^oom_kill (\d+)$", (d / "memory.oom_control").read_text(), re.M).group(1))
+
+
+def _ticks_in_last_window(samples: list[dict]) -> int:
+    last = samples[-1]["t"]
+    return sum(1 for s in samples if s["t"] > last - WINDOW_S + child.INTERVAL_S / 2)
+
+
+def _check_flight(pm: dict) -> None:
+    assert [(f["model"], f["features"], f["layer"]) for f in pm["in_flight"]] == [
+        ("victim", {"batch": child.LONG_SHAPE[0], "seq_len": child.LONG_SHAPE[1]}, "blocks.1")]
+    expected = WINDOW_S / child.INTERVAL_S
+    got = _ticks_in_last_window(pm["samples"])
+    assert got >= 0.95 * expected, f"{got} ticks of the last {WINDOW_S} s, {expected:.0f} expected"
+
+
+def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_path):
+    folder = tmp_path / "blackbox"
+    cg = _make_cgroup()
+    if cg is None:
+        pytest.skip("no memory cgroup (v1) can be created here (needs root and a writable /sys/fs/cgroup/memory)")
+    try:
+        # side by side, as two workers of one service: neither reads the other's file while it runs
+        p = _victim(folder, "sigkill")
+        q = _victim(folder, "oom", cg)
+        # (a) SIGKILLed by us, mid-forward
+        killed_pid = _wait_long(p)
+        time.sleep(1.0)  # inside the long forward, past several ticks
+        killed_at = time.time()
+        p.send_signal(signal.SIGKILL)
+        assert p.wait(30) == -signal.SIGKILL
+        # (b) OOM-killed by the kernel, mid-forward
+        oom_pid = _wait_long(q)
+        assert q.wait(120) == -signal.SIGKILL
+        assert _oom_kills(cg) >= 1  # the kernel's own count: it was the OOM killer
+    finally:
+        _remove_cgroup(cg)  # gone before the next process looks, as in a container restart
+    left = sorted(x.name for x in folder.iterdir())
+    assert left == sorted([n for n in left if n.startswith((f"{killed_pid}-", f"{oom_pid}-"))]) and len(left) == 2
+
+    r = subprocess.Popen([sys.executable, "-m", "tests.integration.blackbox_child", "reader"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(folder))
+    try:
+        url = r.stdout.readline().strip()
+        with httpx.Client(base_url=url, timeout=30) as c:
+            doc = c.get("/v1/postmortem").json()
+            metrics = c.get("/metrics").text
+            dumps = c.get("/v1/dumps").json()["dumps"]
+    finally:
+        r.stdin.close()
+        r.wait(30)
+    by_pid = {pm["pid"]: pm for pm in doc["postmortems"]}
+    for pm in doc["postmortems"]:  # what the report shows, for the log of a failing run
+        print(pm["pid"], pm["reason"], pm["evidence"], pm["in_flight"], _ticks_in_last_window(pm["samples"]),
+              len(pm["samples"]), pm["near_limit"], pm["torn_slots"])
+    assert set(by_pid) == {killed_pid, oom_pid}, doc
+
+    killed = by_pid[killed_pid]
+    assert (killed["reason"], killed["evidence"]) == ("killed", ["no_exit_path"])
+    _check_flight(killed)
+    assert killed["samples"][-1]["t"] >= killed_at - 1.0  # the record ran until the kill
+
+    oom = by_pid[oom_pid]
+    assert oom["reason"] == "oom_kill"
+    # the cgroup is gone: the evidence the process wrote itself decides (the kernel log may add to it)
+    assert {"limit_reached", "oom_event"} & set(oom["evidence"]), oom["evidence"]
+    assert "oom_kill_counter" not in oom["evidence"]
+    assert oom["limit_bytes"] == LIMIT
+    assert oom["in_flight"][0]["limit_reached"] is True
+    _check_flight(oom)
+
+    for reason in ("killed", "oom_kill"):
+        assert re.search(rf'^memprof_postmortems_total{{reason="{reason}"}} 1\.0$', metrics, re.M), reason
+    assert sorted(d["kind"] for d in dumps if d["kind"] == "postmortem") == ["postmortem", "postmortem"]
+    # claimed and removed; the reader's own file went with its clean shutdown
+    assert list(folder.glob("*.mpbb")) == []
