@@ -31,7 +31,7 @@ from .attribution.handle import ModelHandle
 from .attribution.registry import live_handles
 from .blackbox.service import BlackBox, span_attributes
 from .config import (Config, ConfigError, DumpsConfig, SeriesConfig, load_config_tolerant,
-                     service_name_in_effect)
+                     service_name_in_effect, service_version_in_effect)
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService, pick_model
@@ -593,7 +593,8 @@ class Runtime:
             export_errors=dict(self.export_errors), dumps=dict(self.dumps),
             extra_ooms=dict(self.extra_ooms), config_errors=dict(self.config_errors),
             http_connection_errors=dict(self.http_connection_errors),
-            version=__version__, torch_version=_torch_version())
+            version=__version__, torch_version=_torch_version(),
+            service_version=service_version_in_effect(os.environ))
 
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
                per_layer: bool = True) -> Series:

@@ -84,6 +84,7 @@ class SelfView:
     cuda_uuids: Mapping[int, str] = field(default_factory=dict)  # CUDA index -> torch's device UUID
     version: str = ""
     torch_version: str = ""
+    service_version: str = ""  # the deployment's service.version: before/after a deploy
 
 
 def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView,
@@ -158,7 +159,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_http_connection_errors_total", {"reason": reason}, n)
     for (fmt, result), n in sorted(me.dumps.items()):
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
-    add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)
+    add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version,
+                               "service_version": me.service_version}, 1)
     return out
 
 
