@@ -36,12 +36,23 @@ def service_name_in_effect(explicit: str | None, environ: Mapping[str, str]) -> 
         return explicit
     if name := (environ.get("OTEL_SERVICE_NAME") or "").strip():
         return name
+    return _resource_attribute(environ, "service.name") or DEFAULT_SERVICE_NAME
+
+
+def service_version_in_effect(environ: Mapping[str, str]) -> str:
+    """The deployment's own version, ``service.version`` in ``OTEL_RESOURCE_ATTRIBUTES`` ("" where
+    unset): the ``service_version`` label of ``memprof_build_info``, what a dashboard compares a
+    model's figures before and after a deploy by."""
+    return _resource_attribute(environ, "service.version")
+
+
+def _resource_attribute(environ: Mapping[str, str], name: str) -> str:
     for item in (environ.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
         key, sep, value = item.partition("=")
-        if sep and key.strip() == "service.name" and value.strip():
+        if sep and key.strip() == name and value.strip():
             # the specification percent-encodes values (W3C baggage octets)
             return urllib.parse.unquote(value.strip())
-    return DEFAULT_SERVICE_NAME
+    return ""
 CONFIG_FILE_ENV = "MEMPROF_OTEL_CONFIG"  # a YAML file, used when no file or mapping is passed
 # (source, error): a value the tolerant loader left out; source is "env" (a variable) or "file"
 # (the file MEMPROF_OTEL_CONFIG names)

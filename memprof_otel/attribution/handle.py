@@ -94,6 +94,10 @@ class ModelHandle(Protocol):
     def object_paths(self) -> dict[int, str]:
         """``id(layer object) -> layer path`` for every layer of the model (tracked or not): how an
         exception's traceback is mapped to the layer that raised."""
+    def layer_signatures(self) -> dict[str, str]:
+        """Path -> structural signature of every layer (``GET /v1/layers``, baselines)."""
+    def environment(self) -> dict[str, str | None]:
+        """The facts the figures depend on: device, framework versions, attention kernel."""
     def add_observer(self, observer: ForwardObserver) -> None: ...
     def uninstrument(self) -> None: ...
 

@@ -12,9 +12,13 @@ import dataclasses
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from .._log import rate_limited
+from ..baselines import Baseline
+from ..baselines import save as save_baseline
+from ..baselines.from_layers import build as build_baseline
 from ..capacity.model import Prediction
 from ..capacity.service import Capacity
 from ..capacity.shapes import Features, ShapeOf
@@ -27,6 +31,7 @@ from ..sources.survivors import SurvivorTable
 from ..timeline import OperationRecord, Sample
 from . import registry as live
 from .forward_state import ForwardState, event_capacity, event_dict
+from . import layer_structure
 from .handle import FlightListener, ForwardObserver, ProcessHistory
 from .peaks import LayerCall
 from .scheduler import AttributionScheduler
@@ -133,6 +138,11 @@ class Instrumentation:
         """``id(layer object) -> layer path`` for every layer of the model, tracked or not."""
         raise NotImplementedError
 
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        """``(path, layer object)`` for every layer of the model, in its order (empty once the model
+        was garbage-collected)."""
+        raise NotImplementedError
+
     def _detach(self) -> None:
         """Take every hook off the model."""
         raise NotImplementedError
@@ -231,6 +241,49 @@ class Instrumentation:
         """
         return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
                 if v.avg_fragmentation is not None}
+
+    # ---- baselines (docs/reference.md, "Baselines") ----------------------------------------
+    def layer_signatures(self) -> dict[str, str]:
+        """Path -> structural signature (type, own parameter shapes) of every layer, model order."""
+        return layer_structure.signatures(self.layer_objects())
+
+    def environment(self) -> dict[str, str | None]:
+        """What the figures depend on besides the model: device, framework (and CUDA) versions, the
+        attention kernel of a transformers model, Python's and memprof-otel's versions."""
+        return layer_structure.environment(self.model, self.last_device)
+
+    def baseline(self, *args: Any, inputs: Mapping[str, str] | None = None, path: str | None = None,
+                 **kwargs: Any) -> Baseline:
+        """Run one forward, ``model(*args, **kwargs)``, attributed whatever the scheduler's budget, on
+        fresh figures (the handle's figures so far are forgotten), and return its per-layer baseline
+        (written to ``path`` too when given). ``inputs`` names the inputs in the file; by default each
+        argument's dtype and shape (``arg0: float32[4,16]``). Run it under ``torch.inference_mode()``
+        for an inference baseline: with autograd on, layers retain what backward needs."""
+        model = self.model
+        if model is None or self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented or its model is gone: no baseline")
+        described = dict(inputs) if inputs is not None else {
+            **{f"arg{i}": layer_structure.describe_input(a) for i, a in enumerate(args)},
+            **{k: layer_structure.describe_input(v) for k, v in kwargs.items()}}
+        self.reset_stats()
+        sched = self.scheduler
+        saved = (sched.every_n, sched.budget, sched.enabled)
+        before = sched.state().attributed
+        # one forward attributed for sure: every forward may be, at no budget (then as configured)
+        sched.every_n, sched.budget, sched.enabled = 1, 1.0, True
+        try:
+            model(*args, **kwargs)
+        finally:
+            sched.every_n, sched.budget, sched.enabled = saved
+        stats = self.layer_stats()
+        if sched.state().attributed == before or not stats:
+            raise MemprofError(f"{self.name!r}: the forward was not attributed (paused, running inside "
+                               "another instrumented forward, or its figures dropped as concurrent): no baseline")
+        result = build_baseline(self.name, {p: s.to_dict() for p, s in stats.items()}, self.layer_signatures(),
+                                inputs=described, environment=self.environment(), source="python", forwards=1)
+        if path is not None:
+            save_baseline(result, path)
+        return result
 
     # ---- capacity ---------------------------------------------------------------------------
     def _capacity_on(self) -> Capacity:

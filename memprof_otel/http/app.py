@@ -443,6 +443,8 @@ class Endpoint:
             "device": h.last_device,
             "layers": {k: v.to_dict() for k, v in sorted(h.layer_stats().items())},
             "window": {k: f._asdict() for k, f in sorted(h.exported_layer_peaks().items())},
+            # what `memprof-otel baseline save` records besides the figures (docs/reference.md)
+            "structure": h.layer_signatures(), "environment": h.environment(),
         } for h in handles}})
 
     def timeline(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:

@@ -11,6 +11,7 @@ and adds its own gauges. Nothing here reads a device.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from .._log import rate_limited
 from .._version import __version__
 from ..attribution.handle import ModelHandle
 from ..attribution.registry import live_handles
-from ..config import Config
+from ..config import Config, service_version_in_effect
 from ..timeline import Sample
 from .fork_renewal import STATE
 from .layer_budget import LayerBudget
@@ -139,7 +140,8 @@ class ScrapeView:
             export_errors=dict(c.export_errors), dumps=dict(c.dumps),
             extra_ooms=dict(c.extra_ooms), config_errors=dict(c.config_errors),
             http_connection_errors=dict(c.http_connection_errors),
-            version=__version__, frameworks=dict(self._frameworks()))
+            version=__version__, frameworks=dict(self._frameworks()),
+            service_version=service_version_in_effect(os.environ))
 
     def series(self, max_age_s: float = 0.25, views: list[LayerView] | None = None,
                per_layer: bool = True) -> Series:

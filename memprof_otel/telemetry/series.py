@@ -92,6 +92,7 @@ class SelfView:
     @property
     def torch_version(self) -> str:
         return self.frameworks.get("torch", "")
+    service_version: str = ""  # the deployment's service.version: before/after a deploy
 
 
 def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView,
@@ -167,7 +168,8 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
     for (fmt, result), n in sorted(me.dumps.items()):
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
     add("memprof_build_info", {"version": me.version,
-                               **{f"{name}_version": me.frameworks.get(name, "") for name in FRAMEWORKS}}, 1)
+                               **{f"{name}_version": me.frameworks.get(name, "") for name in FRAMEWORKS},
+                               "service_version": me.service_version}, 1)
     return out
 
 

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -242,3 +243,95 @@ def wait_until(pred, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return bool(pred())
+
+
+def blackhole_url() -> tuple[socket.socket, str]:
+    """A collector that takes connections and never answers: a listening socket that never accepts
+    (the kernel completes the handshakes into its backlog, the request waits for a reply)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    return s, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _export_threads() -> list[str]:
+    # the SDK's reader and span processor threads, and our shutdown's
+    return [t.name for t in threading.enumerate() if t.name.startswith(("Otel", "memprof-otel-shutdown"))]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("collector", ["dead", "blackhole"])
+def test_shutdown_ends_at_its_deadline_and_leaves_no_export_retrying(otel_env, collector):
+    # GIVEN exports failing for a while, each allowed 5 s (the SDK retries within that)
+    hole, url = blackhole_url() if collector == "blackhole" else (None, closed_port_url())
+    try:
+        mp.start_monitoring({"sampler": {"interval": "50ms"},
+                             "otel": {"endpoint": url, "export_interval": "200ms", "export_timeout": "5s"}})
+        model = make_model()
+        h = mp.instrument(model, name="m")
+        with mp.operation("request"):
+            model(torch.randn(4, 256))
+        h.uninstrument()
+        time.sleep(1.0)
+        assert _export_threads()
+        # WHEN it shuts down with 2 s
+        t0 = time.monotonic()
+        done = mp.shutdown(2)
+        took = time.monotonic() - t0
+        # THEN it returns by its deadline, the final export unfinished ...
+        assert done is False and took < 2.5, took
+        # ... and nothing retries after it: against a refused connection the exports end at once;
+        # against a silent collector the request on the wire ends at its own timeout (5 s), no later
+        limit = 1.0 if collector == "dead" else 5.0 + 1.0
+        end = time.monotonic() + limit
+        while _export_threads() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _export_threads(), (_export_threads(), time.monotonic() - t0)
+    finally:
+        if hole is not None:
+            hole.close()
+
+
+_LOADED_SCRIPT = textwrap.dedent("""
+    import atexit, sys, time
+    # registered before monitoring starts, so it runs after memprof-otel's exit hook
+    atexit.register(lambda: print("hook_end", time.monotonic(), file=sys.stderr, flush=True))
+""") + _SCRIPT.replace(
+    'mp.instrument(model, name="m")', 'mp.instrument(model, name="m")\nprint("ready", flush=True)').replace(
+    'print("done", n, flush=True)', 'print("done", n, flush=True)\n'
+                       # registered after monitoring started, so it runs before memprof-otel's exit hook
+                       'atexit.register(lambda: print("hook_start", time.monotonic(), file=sys.stderr, flush=True))')
+
+
+@pytest.mark.timeout(240)
+def test_exit_hook_ends_within_its_deadline_with_every_core_busy(tmp_path):
+    """With a dead collector and every core running a busy loop, memprof-otel's exit hook (its
+    shutdown, 3 s) still ends by its deadline. The interpreter's own teardown after it (torch's
+    included) is not ours: it is reported, and bounded loosely."""
+    env = {k: v for k, v in os.environ.items() if k not in _OTEL_VARS}
+    hogs: list[subprocess.Popen] = []
+    proc = subprocess.Popen([sys.executable, "-c", _LOADED_SCRIPT, closed_port_url()], cwd=REPO, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready = proc.stdout.readline()
+        # the cores get busy once the child has imported torch and started (the import is not tested)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        line = proc.stdout.readline()
+        finished = time.monotonic()
+        proc.wait(timeout=120)
+        exit_after = time.monotonic() - finished
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read()
+    assert ready.startswith("ready") and line.startswith("done ") and proc.returncode == 0, stderr[-2000:]
+    marks = dict(ln.split() for ln in stderr.splitlines() if ln.startswith(("hook_start ", "hook_end ")))
+    hook = float(marks["hook_end"]) - float(marks["hook_start"])
+    print(f"exit hook {hook:.2f} s, exit {exit_after:.2f} s after the work ended")
+    assert hook < 3.0 + 1.0, f"the exit hook took {hook:.1f} s (deadline 3 s)"
+    assert exit_after < 60.0, f"exit took {exit_after:.1f} s after the work ended (the hook {hook:.1f} s)"

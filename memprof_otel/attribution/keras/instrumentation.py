@@ -106,6 +106,10 @@ class KerasInstrumentation(Instrumentation):
         how = self._how
         return f"{self._method} ({how})" if how else self._method
 
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        model = self._model_ref()
+        return list(keras_layer_paths(model)) if model is not None else []
+
     def object_paths(self) -> dict[int, str]:
         model = self._model_ref()
         return {id(layer): p for p, layer in keras_layer_paths(model)} if model is not None else {}

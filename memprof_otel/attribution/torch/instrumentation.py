@@ -177,6 +177,10 @@ class TorchInstrumentation(Instrumentation):
         if model is not None:
             self._attach(model)
 
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        model = self._model_ref()
+        return _layer_paths(model) if model is not None else []
+
     def object_paths(self) -> dict[int, str]:
         """``id(module) -> module path`` for every module of the model, tracked or not (for a
         Keras model, every Keras layer: the paths its figures are kept under)."""
