@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from memprof_otel import pytest_plugin
+from memprof_otel.testing import pytest_plugin
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "reference.md"

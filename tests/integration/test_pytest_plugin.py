@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memprof_otel import pytest_plugin
+from memprof_otel.testing import pytest_plugin
 from memprof_otel.baselines import load
 from tests.integration.demo_process import REPO
 
@@ -55,7 +55,7 @@ def run(pytester: pytest.Pytester, hidden: int, budget: str, *flags: str) -> pyt
     # a child pytest with the plugin named, as the pytest11 entry point names it when installed
     # (autoloading off: this checkout's plugin, not an installed copy's)
     pytester._monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    return pytester.runpytest_subprocess("-p", "memprof_otel.pytest_plugin", "-p", "no:cacheprovider", *flags)
+    return pytester.runpytest_subprocess("-p", "memprof_otel.testing.pytest_plugin", "-p", "no:cacheprovider", *flags)
 
 
 def test_the_plugin_writes_passes_fails_with_the_table(pytester: pytest.Pytester) -> None:
@@ -91,5 +91,5 @@ def test_the_plugin_writes_passes_fails_with_the_table(pytester: pytest.Pytester
 
 def test_the_pytest11_entry_point_names_the_plugin() -> None:
     meta = tomllib.loads((Path(REPO) / "pyproject.toml").read_text())
-    assert meta["project"]["entry-points"]["pytest11"] == {"memprof_otel": "memprof_otel.pytest_plugin"}
+    assert meta["project"]["entry-points"]["pytest11"] == {"memprof_otel": "memprof_otel.testing.pytest_plugin"}
     assert callable(pytest_plugin.pytest_addoption) and hasattr(pytest_plugin, "memprof_baseline")

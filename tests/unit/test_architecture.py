@@ -85,3 +85,12 @@ def test_every_function_level_import_says_why():
         if "#" not in lines[i] and not lines[i - 1].lstrip().startswith("#"):
             missing.append(f"{path}:{line}")
     assert missing == []
+
+
+def test_the_package_top_level_holds_at_most_ten_modules() -> None:
+    """Packages name the architecture: a new module goes into the package that owns its data, not
+    beside ``runtime.py`` (the package's entry files do not count)."""
+    import memprof_otel
+    top = Path(memprof_otel.__file__).parent
+    modules = sorted(p.name for p in top.glob("*.py") if p.name not in ("__init__.py", "__main__.py", "_version.py", "_log.py"))
+    assert len(modules) <= 10, modules

@@ -30,9 +30,9 @@ import pytest
 
 import memprof_otel as mp
 
-from .baselines import Baseline, Thresholds, diff, load, save
-from .baselines.render import LABELS, text
-from .units import format_bytes, parse_bytes
+from ..baselines import Baseline, Thresholds, diff, load, save
+from ..baselines.render import LABELS, text
+from ..units import format_bytes, parse_bytes
 
 UPDATE_OPTION = "--memprof-update-baselines"
 DIR_INI = "memprof_baselines_dir"
