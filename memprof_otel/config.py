@@ -436,13 +436,22 @@ def _field_names(section: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(section)}
 
 
+# A bare keyword that names a key of several sections, and the section it has always meant:
+# ``instrument(model, window=...)`` is the attribution window (``blackbox.window`` came later and
+# is given by its section)
+_BARE_KEY_SECTION = {"window": "attribution"}
+
+
 def _flat_key_index() -> dict[str, str]:
-    """Bare key -> section, for keys that exist in exactly one section (kwargs convenience)."""
+    """Bare key -> section, for keys that exist in exactly one section or are named in
+    ``_BARE_KEY_SECTION`` (kwargs convenience)."""
     seen: dict[str, list[str]] = {}
     for sec_name, sec in _SECTIONS.items():
         for k in _field_names(sec):
             seen.setdefault(k, []).append(sec_name)
-    return {k: v[0] for k, v in seen.items() if len(v) == 1}
+    index = {k: v[0] for k, v in seen.items() if len(v) == 1}
+    index.update(_BARE_KEY_SECTION)
+    return index
 
 
 def _merge_layer(acc: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str,
