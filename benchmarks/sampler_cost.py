@@ -124,7 +124,7 @@ def tick_cost(n: int, gap_s: float) -> dict[str, Any]:
         main_cpu += time.thread_time() - c0
     workers = meter.take()
     real_reads = (host.reads - reads0) if host is not None else 0
-    out = {"ticks": n, "gap_s": gap_s, "sources": [spec.name for spec in rt._source_specs()],
+    out = {"ticks": n, "gap_s": gap_s, "sources": [spec.name for spec in runtime().sources.specs()],
            "down": registry.down_reasons(), "listeners": len(s._listeners),
            "wall_median_s": statistics.median(walls), "wall_p95_s": pct(walls, 0.95),
            "wall_mean_s": statistics.fmean(walls),
@@ -137,7 +137,7 @@ def tick_cost(n: int, gap_s: float) -> dict[str, Any]:
 
 def per_source_cost(n: int, gap_s: float) -> dict[str, Any]:
     """The runtime's sources wrapped in timers, read by a Sampler of their own (no listeners)."""
-    specs = runtime()._source_specs()
+    specs = runtime().sources.specs()
     timings: dict[str, dict[str, list[float]]] = {sp.name: {"wall": [], "cpu": []} for sp in specs}
 
     def timed(name: str, fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -13,7 +13,7 @@ window peaks (N+1 layer label sets: the root too). Then /metrics is rendered man
 - **HTTP**: ``GET /metrics`` over a real TCP connection to ``memprof_otel.serve()`` with
   ``http.client`` (one connection per scrape: the stdlib server speaks HTTP/1.0).
 
-Also the parts: ``Runtime.series()`` (the shared data path), ``Runtime.layer_views()`` and the
+Also the parts: ``ScrapeView.series()`` (the shared data path), ``ScrapeView.layer_views()`` and the
 collector's ``collect()``; the rest of the direct time is prometheus_client's text encoding. Ratios
 are against the same scrape with no model instrumented (N = 0), run in the same process.
 """
@@ -144,8 +144,8 @@ def measure(n_layers: int, ep: Endpoint, port: int, scrapes: int, watch: GcWatch
     over_http, http_body = timed(lambda: http_get(port, None), scrapes)
     over_http_om, _ = timed(lambda: http_get(port, OPENMETRICS), scrapes)
     collector = next(iter(ep.registry._collector_to_names))  # type: ignore[attr-defined]
-    t_series, _ = timed(lambda: rt.series(max_age_s=0.0), scrapes)
-    t_views, _ = timed(rt.layer_views, scrapes)
+    t_series, _ = timed(lambda: rt.scrape.series(max_age_s=0.0), scrapes)
+    t_views, _ = timed(rt.scrape.layer_views, scrapes)
     t_collect, fams = timed(lambda: list(collector.collect()), scrapes)
     from memprof_otel.export.prometheus import make_registry
 

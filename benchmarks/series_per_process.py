@@ -54,7 +54,7 @@ def child(model: str, mode: str) -> dict[str, int]:
         for _ in range(3):
             with mp.operation("request"):
                 run()
-    rt = runtime()
+    rt = runtime().scrape
     registry = make_registry(rt, layers=False)
     body, _ = render_exposition(rt, registry, "")
     lines = [line for line in body.decode().splitlines() if line and not line.startswith("#")]

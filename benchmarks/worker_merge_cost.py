@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     folder = tempfile.mkdtemp(prefix="memprof-merge-bench-")
     mp.start_monitoring({"sampler": {"interval": "1s"}})
-    rt = runtime()
+    rt = runtime().scrape
     registry = make_registry(rt, layers=False)
     stale = stale_after_s(3600.0, 1.0)  # the copies are never rewritten: keep them
     sleepers = [subprocess.Popen(["sleep", "3600"]) for _ in range(max(int(w) for w in args.workers.split(",")))]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import json
 import math
 import os
 import re
@@ -21,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .metric_names import BY_PROM, METRICS
-from .units import parse_bytes, parse_duration
+from .errors import ConfigError, shown as _shown
+from .units import bounded_duration as _duration, parse_bytes
+from .watchdog.rules import WatchdogRule, parse_rules
 
 ENV_PREFIX = "MEMPROF_OTEL_"
 DEFAULT_SERVICE_NAME = "memprof-otel"
@@ -37,12 +36,23 @@ def service_name_in_effect(explicit: str | None, environ: Mapping[str, str]) -> 
         return explicit
     if name := (environ.get("OTEL_SERVICE_NAME") or "").strip():
         return name
+    return _resource_attribute(environ, "service.name") or DEFAULT_SERVICE_NAME
+
+
+def service_version_in_effect(environ: Mapping[str, str]) -> str:
+    """The deployment's own version, ``service.version`` in ``OTEL_RESOURCE_ATTRIBUTES`` ("" where
+    unset): the ``service_version`` label of ``memprof_build_info``, what a dashboard compares a
+    model's figures before and after a deploy by."""
+    return _resource_attribute(environ, "service.version")
+
+
+def _resource_attribute(environ: Mapping[str, str], name: str) -> str:
     for item in (environ.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
         key, sep, value = item.partition("=")
-        if sep and key.strip() == "service.name" and value.strip():
+        if sep and key.strip() == name and value.strip():
             # the specification percent-encodes values (W3C baggage octets)
             return urllib.parse.unquote(value.strip())
-    return DEFAULT_SERVICE_NAME
+    return ""
 CONFIG_FILE_ENV = "MEMPROF_OTEL_CONFIG"  # a YAML file, used when no file or mapping is passed
 # (source, error): a value the tolerant loader left out; source is "env" (a variable) or "file"
 # (the file MEMPROF_OTEL_CONFIG names)
@@ -87,20 +97,6 @@ def _float(lo: float, hi: float) -> Callable[[Any], float]:
             raise ValueError(f"expected a number, got {v!r}") from None
         if not math.isfinite(x) or not lo <= x <= hi:
             raise ValueError(f"must be a finite number in [{lo}, {hi}], got {v!r}")
-        return x
-    return parse
-
-
-def _duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
-    def parse(v: Any) -> float:
-        try:
-            x = parse_duration(v)
-        except OverflowError:  # an integer with hundreds of digits
-            raise ValueError(f"must be a finite duration, got {_shown(v)}") from None
-        if not math.isfinite(x):  # "1e999s" parses to inf: no timer can wait that long
-            raise ValueError(f"must be a finite duration, got {v!r}")
-        if not lo <= x <= hi:
-            raise ValueError(f"must be between {lo}s and {hi}s, got {x}s")
         return x
     return parse
 
@@ -193,163 +189,6 @@ def _f(default: Any, parse: Callable[[Any], Any], doc: str) -> Any:
 
 # ---- watchdog rules (their evaluation lives in the watchdog module) ----
 
-RULE_OPS = (">", ">=", "<", "<=")
-RULE_ACTIONS = ("log", "span_event", "callback", "dump")
-RULE_SEVERITIES = ("info", "warning", "critical")
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
-_METRIC_RE = re.compile(r"memprof_[a-z0-9_]{1,200}")
-_LABEL_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-MAX_RULES = 256
-MAX_RULE_LABELS = 32
-MAX_LABEL_VALUE_CHARS = 1024
-
-
-def _shown(v: Any, limit: int = 80) -> str:
-    """``repr(v)`` cut short: an error message never echoes a megabyte of someone's input."""
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "..."
-
-
-@dataclass(frozen=True)
-class WatchdogRule:
-    name: str
-    metric: str                      # a memprof_* Prometheus metric name
-    op: str                          # one of RULE_OPS
-    threshold: float                 # base units (bytes, seconds, ratio)
-    for_seconds: float = 0.0         # how long the condition must hold before firing
-    severity: str = "warning"
-    actions: tuple[str, ...] = ("log",)
-    labels: tuple[tuple[str, str], ...] = ()  # label matchers, all must equal
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "metric": self.metric, "op": self.op, "threshold": self.threshold,
-                "for": self.for_seconds, "severity": self.severity, "actions": list(self.actions),
-                "labels": dict(self.labels)}
-
-
-MAX_THRESHOLD_CHARS = 64
-
-
-def parse_threshold(v: Any) -> float:
-    """A finite number: a NaN or infinite threshold never compares usefully and cannot be
-    written back as JSON, so it is refused here rather than stored."""
-    x = _threshold_value(v)
-    if not math.isfinite(x):
-        raise ValueError(f"must be a finite number, got {v!r}")
-    return x
-
-
-def _threshold_value(v: Any) -> float:
-    if isinstance(v, bool):
-        raise ValueError(f"not a threshold: {v!r}")
-    if isinstance(v, int):
-        try:
-            return float(v)
-        except OverflowError:  # a JSON integer with hundreds of digits
-            raise ValueError("must be a finite number, got an integer too large for a float") from None
-    if isinstance(v, float):
-        return v
-    if isinstance(v, str) and len(v) <= MAX_THRESHOLD_CHARS:
-        for parse in (float, parse_bytes, parse_duration):
-            try:
-                return float(parse(v))
-            except (ValueError, OverflowError):
-                pass
-    shown = v if not isinstance(v, str) or len(v) <= MAX_THRESHOLD_CHARS else v[:MAX_THRESHOLD_CHARS] + "..."
-    raise ValueError(f"not a threshold (a number, a size like 20GiB or a duration like 500ms): {shown!r}")
-
-
-def parse_rule(raw: Any, where: str) -> WatchdogRule:
-    """Validate one rule mapping; ``where`` is its dotted position for error messages."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(where, f"a rule must be a mapping, got {type(raw).__name__}")
-    known = {"name", "metric", "op", "threshold", "for", "severity", "actions", "labels"}
-    for k in raw:
-        if k not in known:
-            raise ConfigError(f"{where}.{k}", f"unknown rule key (known: {', '.join(sorted(known))})")
-    for k in ("name", "metric", "op", "threshold"):
-        if k not in raw:
-            raise ConfigError(f"{where}.{k}", "missing")
-    name, metric, op = raw["name"], raw["metric"], raw["op"]
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ConfigError(f"{where}.name", f"must be an identifier-like string of 1..128 chars, got {_shown(name)}")
-    if not isinstance(metric, str) or not _METRIC_RE.fullmatch(metric):
-        raise ConfigError(f"{where}.metric", f"must be a memprof_* metric name, got {_shown(metric)}")
-    if op not in RULE_OPS:
-        raise ConfigError(f"{where}.op", f"must be one of {' '.join(RULE_OPS)}, got {_shown(op)}")
-    try:
-        threshold = parse_threshold(raw["threshold"])
-    except ValueError as e:
-        raise ConfigError(f"{where}.threshold", str(e)) from None
-    try:
-        for_s = _duration(0.0, 86400.0)(raw.get("for", 0))
-    except ValueError as e:
-        raise ConfigError(f"{where}.for", str(e)) from None
-    severity = raw.get("severity", "warning")
-    if severity not in RULE_SEVERITIES:
-        raise ConfigError(f"{where}.severity", f"must be one of {', '.join(RULE_SEVERITIES)}, got {_shown(severity)}")
-    actions = raw.get("actions", ["log"])
-    if isinstance(actions, str):
-        actions = [actions]
-    if not isinstance(actions, (list, tuple)) or any(a not in RULE_ACTIONS for a in actions):
-        raise ConfigError(f"{where}.actions",
-                          f"must be a list drawn from {', '.join(RULE_ACTIONS)}, got {_shown(actions)}")
-    labels = raw.get("labels")
-    labels = {} if labels is None else labels  # an empty YAML key; but [] or "" are not label sets
-    _check_labels(labels, f"{where}.labels")
-    _check_watchable(metric, labels, where)
-    return WatchdogRule(name, metric, op, threshold, for_s, severity, tuple(actions), tuple(sorted(labels.items())))
-
-
-def _check_labels(labels: Any, where: str) -> None:
-    if not isinstance(labels, Mapping) or len(labels) > MAX_RULE_LABELS:
-        raise ConfigError(where, f"must be a mapping of at most {MAX_RULE_LABELS} label names to string values")
-    for k, v in labels.items():
-        if not isinstance(k, str) or not _LABEL_RE.fullmatch(k):
-            raise ConfigError(where, f"label names must be Prometheus label names, got {_shown(k)}")
-        if not isinstance(v, str) or len(v) > MAX_LABEL_VALUE_CHARS:
-            raise ConfigError(f"{where}.{k}", f"must be a string of at most {MAX_LABEL_VALUE_CHARS} chars")
-
-
-def _check_watchable(metric: str, labels: Mapping[str, str], where: str) -> None:
-    """A rule must watch a series the watchdog sees: a gauge or counter of the metric catalog
-    (a rule on a name that does not exist would never fire, and nobody would be told)."""
-    d = BY_PROM.get(metric)
-    if d is None:
-        raise ConfigError(f"{where}.metric", f"unknown metric {_shown(metric)}: rules watch the memprof_* "
-                          "gauges and counters of docs/metrics.md")
-    if d.kind not in WATCHABLE_KINDS:
-        watchable = sum(1 for m in METRICS if m.kind in WATCHABLE_KINDS)
-        raise ConfigError(f"{where}.metric", f"{metric} is a {d.kind}; rules watch gauges and counters "
-                          f"({watchable} metrics)")
-    unknown = sorted(set(labels) - set(d.labels))
-    if unknown:
-        raise ConfigError(f"{where}.labels", f"{metric} has no label {', '.join(unknown)} "
-                          f"(its labels: {', '.join(d.labels) or 'none'})")
-
-
-WATCHABLE_KINDS = ("gauge", "counter")
-
-
-def _rules(v: Any) -> tuple[WatchdogRule, ...]:
-    if isinstance(v, str):  # from an env var: JSON list
-        try:
-            v = json.loads(v)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"expected a JSON list of rules: {e}") from None
-    if not isinstance(v, (list, tuple)):
-        raise ValueError(f"expected a list of rules, got {type(v).__name__}")
-    if len(v) > MAX_RULES:
-        raise ValueError(f"at most {MAX_RULES} rules, got {len(v)}")
-    rules = tuple(r if isinstance(r, WatchdogRule) else parse_rule(r, f"watchdog.rules[{i}]")
-                  for i, r in enumerate(v))
-    names = [r.name for r in rules]
-    dup = {n for n in names if names.count(n) > 1}
-    if dup:
-        raise ValueError(f"rule names must be unique, repeated: {', '.join(sorted(dup))}")
-    return rules
-
-
 # ---- sections ----
 
 @dataclass(frozen=True)
@@ -432,7 +271,7 @@ class OtelConfig:
 
 @dataclass(frozen=True)
 class WatchdogConfig:
-    rules: tuple[WatchdogRule, ...] = _f((), _rules, "threshold rules")
+    rules: tuple[WatchdogRule, ...] = _f((), parse_rules, "threshold rules")
     dump_min_interval: float = _f(300.0, _duration(0.0), "least time between two dumps a rule triggers")
 
 
@@ -597,13 +436,22 @@ def _field_names(section: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(section)}
 
 
+# A bare keyword that names a key of several sections, and the section it has always meant:
+# ``instrument(model, window=...)`` is the attribution window (``blackbox.window`` came later and
+# is given by its section)
+_BARE_KEY_SECTION = {"window": "attribution"}
+
+
 def _flat_key_index() -> dict[str, str]:
-    """Bare key -> section, for keys that exist in exactly one section (kwargs convenience)."""
+    """Bare key -> section, for keys that exist in exactly one section or are named in
+    ``_BARE_KEY_SECTION`` (kwargs convenience)."""
     seen: dict[str, list[str]] = {}
     for sec_name, sec in _SECTIONS.items():
         for k in _field_names(sec):
             seen.setdefault(k, []).append(sec_name)
-    return {k: v[0] for k, v in seen.items() if len(v) == 1}
+    index = {k: v[0] for k, v in seen.items() if len(v) == 1}
+    index.update(_BARE_KEY_SECTION)
+    return index
 
 
 def _merge_layer(acc: dict[str, dict[str, Any]], layer: Mapping[str, Any], origin: str,

@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 
+def shown(v: object, limit: int = 80) -> str:
+    """``repr(v)`` cut short: an error message never echoes a megabyte of someone's input."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "..."
+
+
 class MemprofError(Exception):
     """Base of every error memprof_otel raises on purpose."""
 

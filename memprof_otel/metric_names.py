@@ -253,7 +253,9 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_series_budget", "memprof.series.budget", "{series}", "gauge",
               "Series this process may export (series.budget): MemprofSeriesOverBudget fires above it"),
     MetricDef("memprof_build_info", "memprof.build_info", "", "info",
-              "memprof_otel and torch versions", ("version", "torch_version")),
+              "memprof_otel and framework versions (empty for a framework not in use), and the service's own "
+              "(service.version in OTEL_RESOURCE_ATTRIBUTES; empty where unset)",
+              ("version", "torch_version", "keras_version", "tensorflow_version", "jax_version", "service_version")),
 )
 
 BY_PROM: dict[str, MetricDef] = {m.prom: m for m in METRICS}

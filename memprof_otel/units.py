@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import datetime
+import math
 import re
+from typing import Any, Callable
+
+from .errors import shown
 
 _BYTE_UNITS = {
     "": 1, "b": 1,
@@ -45,6 +49,21 @@ def parse_duration(value: object) -> float:
     if not m or m.group(2) not in _TIME_UNITS:
         raise ValueError(f"not a duration (try 500ms, 10s, 2m): {value!r}")
     return float(m.group(1)) * _TIME_UNITS[m.group(2)]
+
+
+def bounded_duration(lo: float, hi: float = float("inf")) -> Callable[[Any], float]:
+    """A parser of durations between ``lo`` and ``hi`` seconds (ValueError outside, or infinite)."""
+    def parse(v: Any) -> float:
+        try:
+            x = parse_duration(v)
+        except OverflowError:  # an integer with hundreds of digits
+            raise ValueError(f"must be a finite duration, got {shown(v)}") from None
+        if not math.isfinite(x):  # "1e999s" parses to inf: no timer can wait that long
+            raise ValueError(f"must be a finite duration, got {v!r}")
+        if not lo <= x <= hi:
+            raise ValueError(f"must be between {lo}s and {hi}s, got {x}s")
+        return x
+    return parse
 
 
 def format_bytes(n: float) -> str:

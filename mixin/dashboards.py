@@ -548,11 +548,29 @@ def layers(q: Matchers) -> dict[str, Any]:
                 "Value #C": ("retained", "bytes")},
                sort_by="peak increase"), 24, 12),
     ])
+    deploys: Section = ("Before and after a deploy", [
+        (timeseries("Per-layer peak increase by service version",
+                    "The 10 layers with the largest peak increase of each version of the service "
+                    "(service.version in OTEL_RESOURCE_ATTRIBUTES, the service_version label of "
+                    "memprof_build_info): across a deploy the old version's line ends where the new one's "
+                    "starts, and a layer whose line steps up grew. `memprof-otel diff` compares two "
+                    "builds before they ship.",
+                    [target(layer_by_version("memprof_layer_peak_increase_bytes", q),
+                            "{{service_version}} {{model}} {{layer}}")], "bytes"), 24, 9),
+    ])
     return dashboard(q, "layers", "Layers",
                      "Per-layer memory of instrumented models: each layer's transient peak, what it "
-                     "retains, its absolute peak, forward time, fragmentation on CUDA, and leaks "
-                     "(growth rates and surviving bytes by layer).",
-                     [top, over_time, leaks, all_layers])
+                     "retains, its absolute peak, forward time, fragmentation on CUDA, leaks "
+                     "(growth rates and surviving bytes by layer), and peaks by service version.",
+                     [top, over_time, leaks, all_layers, deploys])
+
+
+def layer_by_version(metric: str, q: Matchers) -> str:
+    """The 10 largest layers of ``metric``, labelled with the service version of their process
+    (``memprof_build_info`` joined on the scrape target)."""
+    # the top 10 of each version: a topk over both would leave the lines of one version out
+    return (f"topk by (service_version) (10, max by (model, layer, service_version) ({metric}{{{q.layer_no_root}}}"
+            f" * on (job, instance) group_left (service_version) memprof_build_info{{{q.base}}}))")
 
 
 def operations(q: Matchers) -> dict[str, Any]:

@@ -4,18 +4,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# Debian packages the tests run, installed with apt-get when missing. On a fresh cloud VM unattended
+# upgrades hold the dpkg lock for minutes after boot: apt-get then waits for it (DPkg::Lock::Timeout,
+# APT_LOCK_WAIT seconds, 600 unless set) instead of failing. That option covers the dpkg lock only;
+# `apt-get update` takes the package lists' lock, which it never waits for, so that call is retried
+# while another apt holds it, for as long.
+apt_wait=${APT_LOCK_WAIT:-600}
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+apt_update() {
+  local deadline=$((SECONDS + apt_wait)) err
+  until err=$(LC_ALL=C $SUDO apt-get update -q 2>&1 >/dev/null); do
+    case $err in *"Could not get lock"*) ;; *) printf '%s\n' "$err" >&2; return 1 ;; esac
+    [ "$SECONDS" -lt "$deadline" ] || { printf '%s\n' "$err" >&2; return 1; }
+    sleep 2
+  done
+}
+apt_install() {  # apt_install PACKAGE
+  echo "install-and-test.sh: installing $1 with apt-get (waits up to ${apt_wait}s for another apt's lock)" >&2
+  local install=($SUDO apt-get -o DPkg::Lock::Timeout="$apt_wait" install -y -q "$1")
+  "${install[@]}" >/dev/null 2>&1 || { apt_update && "${install[@]}" >/dev/null; }
+}
 # a real Prometheus server and promtool run in the tests (Debian package; never skipped)
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-  $SUDO apt-get install -y -q prometheus >/dev/null 2>&1 || {
-    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q prometheus >/dev/null; }
+  apt_install prometheus
 fi
 # Go's pprof (`go tool pprof`) reads the pprof dumps in the tests, an independent reader (never skipped)
-if ! command -v go >/dev/null; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-  $SUDO apt-get install -y -q golang-go >/dev/null 2>&1 || {
-    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q golang-go >/dev/null; }
-fi
+command -v go >/dev/null || apt_install golang-go
 torch_index=()
 [ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
 pip_q=(-m pip install -q --disable-pip-version-check)
@@ -107,4 +121,8 @@ export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
 export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
+# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
+# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile).
+# Options after the script's name come last and win: `-n 0` runs the tests in one process.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"

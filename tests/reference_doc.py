@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from memprof_otel.testing import pytest_plugin
+
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "reference.md"
 README = REPO / "README.md"
@@ -86,8 +88,9 @@ def documented_metrics() -> dict[str, MetricRow]:
 
 def metric_names_mentioned() -> set[str]:
     """Every ``memprof_*`` metric name written anywhere in the document (the import package
-    ``memprof_otel`` aside)."""
-    return set(re.findall(r"\bmemprof_[a-z0-9_]*[a-z0-9]", text())) - {"memprof_otel"}
+    ``memprof_otel``, and the pytest plugin's fixture and ini option, aside)."""
+    not_metrics = {"memprof_otel", pytest_plugin.FIXTURE, pytest_plugin.DIR_INI}
+    return set(re.findall(r"\bmemprof_[a-z0-9_]*[a-z0-9]", text())) - not_metrics
 
 
 def documented_routes() -> set[tuple[str, str]]:

@@ -3,8 +3,8 @@
 Each rule reads plain numbers (``Evidence``: allocator figures per device, per-layer peaks, leak
 suspects, capacity facts, OOM counts) and answers ``Advice`` items that name the figures that
 triggered them, what to do, and where the docs explain it. Nothing here reads a device, imports
-torch, or changes the process: gathering the evidence is the composition root's job
-(``Runtime.advice``), acting on the advice is the user's.
+torch, or changes the process: gathering the evidence is the adapter's (``adapter.py``, which the
+composition root builds), acting on the advice is the user's.
 """
 from __future__ import annotations
 

@@ -12,9 +12,13 @@ import dataclasses
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from .._log import rate_limited
+from ..baselines import Baseline
+from ..baselines import save as save_baseline
+from ..baselines.from_layers import build as build_baseline
 from ..capacity.model import Prediction
 from ..capacity.service import Capacity
 from ..capacity.shapes import Features, ShapeOf
@@ -27,8 +31,8 @@ from ..sources.survivors import SurvivorTable
 from ..timeline import OperationRecord, Sample
 from . import registry as live
 from .forward_state import ForwardState, event_capacity, event_dict
-from .handle import ProcessHistory
-from .observers import FlightListener, ForwardObserver
+from . import layer_structure
+from .handle import FlightListener, ForwardObserver, ProcessHistory
 from .peaks import LayerCall
 from .scheduler import AttributionScheduler
 from .stats import LayerAccumulator, LayerMemoryStats
@@ -40,6 +44,22 @@ _DROP_WHY = {
                   "layer boundaries (CUDA's, TensorFlow's) are the device's, shared by every thread",
     "trace_lost": "the CUDA allocator trace could not give the forward's events",
 }
+
+
+_perf_counter = time.perf_counter
+
+
+class ForwardRecord(threading.local):
+    """One thread's forward of a handle, as every adapter keeps it: the adapter subclasses it with
+    what its own machinery needs (torch's dispatch mode, Keras' layer-call sink)."""
+
+    depth = 0                          # calls of the opener in flight on this thread (1 when not nested)
+    state: ForwardState | None = None  # the forward this thread opened, if measured
+    capture: Capture | None = None     # the capture this forward belongs to, if one claimed it
+    start_s = 0.0
+    self_time_s = 0.0
+    opened = 0                         # the forward's opening number (OpenForwards.open)
+    shape: Features | None = None      # the measured root forward's shape features (memory model)
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -83,7 +103,7 @@ class Instrumentation:
         self._origin_s = time.perf_counter()
         self._created_unix = time.time()
         self._closed = False
-        # forward observers (observers.py): how the layers above hear of forwards and completed
+        # forward observers (handle.py): how the layers above hear of forwards and completed
         # captures (the OOM flight recorder, the OTel recorder); the composition root adds them
         self._observers: list[ForwardObserver] = []
         # forwards in flight, attributed or not (the black box); empty: the forward path skips it
@@ -116,6 +136,11 @@ class Instrumentation:
 
     def object_paths(self) -> dict[int, str]:
         """``id(layer object) -> layer path`` for every layer of the model, tracked or not."""
+        raise NotImplementedError
+
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        """``(path, layer object)`` for every layer of the model, in its order (empty once the model
+        was garbage-collected)."""
         raise NotImplementedError
 
     def _detach(self) -> None:
@@ -172,6 +197,11 @@ class Instrumentation:
         """Time our instrumentation added to forwards (self-timed hooks + measured slowdown)."""
         return self.scheduler.state().attribution_seconds
 
+    @property
+    def attributed_forwards(self) -> int:
+        """Forwards attributed per layer so far (the scheduler's count)."""
+        return self.scheduler.state().attributed
+
     def layer_stats(self) -> dict[str, LayerMemoryStats]:
         stats = self._stats.snapshot()
         surviving = self.surviving_by_layer()
@@ -212,6 +242,49 @@ class Instrumentation:
         return {k: v.avg_fragmentation for k, v in self._stats.snapshot().items()
                 if v.avg_fragmentation is not None}
 
+    # ---- baselines (docs/reference.md, "Baselines") ----------------------------------------
+    def layer_signatures(self) -> dict[str, str]:
+        """Path -> structural signature (type, own parameter shapes) of every layer, model order."""
+        return layer_structure.signatures(self.layer_objects())
+
+    def environment(self) -> dict[str, str | None]:
+        """What the figures depend on besides the model: device, framework (and CUDA) versions, the
+        attention kernel of a transformers model, Python's and memprof-otel's versions."""
+        return layer_structure.environment(self.model, self.last_device)
+
+    def baseline(self, *args: Any, inputs: Mapping[str, str] | None = None, path: str | None = None,
+                 **kwargs: Any) -> Baseline:
+        """Run one forward, ``model(*args, **kwargs)``, attributed whatever the scheduler's budget, on
+        fresh figures (the handle's figures so far are forgotten), and return its per-layer baseline
+        (written to ``path`` too when given). ``inputs`` names the inputs in the file; by default each
+        argument's dtype and shape (``arg0: float32[4,16]``). Run it under ``torch.inference_mode()``
+        for an inference baseline: with autograd on, layers retain what backward needs."""
+        model = self.model
+        if model is None or self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented or its model is gone: no baseline")
+        described = dict(inputs) if inputs is not None else {
+            **{f"arg{i}": layer_structure.describe_input(a) for i, a in enumerate(args)},
+            **{k: layer_structure.describe_input(v) for k, v in kwargs.items()}}
+        self.reset_stats()
+        sched = self.scheduler
+        saved = (sched.every_n, sched.budget, sched.enabled)
+        before = sched.state().attributed
+        # one forward attributed for sure: every forward may be, at no budget (then as configured)
+        sched.every_n, sched.budget, sched.enabled = 1, 1.0, True
+        try:
+            model(*args, **kwargs)
+        finally:
+            sched.every_n, sched.budget, sched.enabled = saved
+        stats = self.layer_stats()
+        if sched.state().attributed == before or not stats:
+            raise MemprofError(f"{self.name!r}: the forward was not attributed (paused, running inside "
+                               "another instrumented forward, or its figures dropped as concurrent): no baseline")
+        result = build_baseline(self.name, {p: s.to_dict() for p, s in stats.items()}, self.layer_signatures(),
+                                inputs=described, environment=self.environment(), source="python", forwards=1)
+        if path is not None:
+            save_baseline(result, path)
+        return result
+
     # ---- capacity ---------------------------------------------------------------------------
     def _capacity_on(self) -> Capacity:
         if self.capacity is None:
@@ -249,12 +322,12 @@ class Instrumentation:
         return self.attribution_method
 
     def add_observer(self, observer: ForwardObserver) -> None:
-        """Hear of this handle's forwards and captures (``observers.py``); the composition root
+        """Hear of this handle's forwards and captures (``handle.ForwardObserver``); the composition root
         adds the OOM recorder and the OTel recorder."""
         self._observers.append(observer)
 
     def add_flight_listener(self, listener: FlightListener) -> None:
-        """Hear of every forward's opening and end (``observers.FlightListener``); the composition
+        """Hear of every forward's opening and end (``handle.FlightListener``); the composition
         root adds the black box. Adding the same listener again does nothing."""
         if listener not in self._flight:
             self._flight.append(listener)
@@ -345,6 +418,44 @@ class Instrumentation:
             self._events.clear()
 
     # ---- for the adapter ---------------------------------------------------------------------
+    def _choose_measurement(self, tls: ForwardRecord, opener: Any, path: str, t: float, args: Any,
+                            kwargs: dict[str, Any] | None, compiled: bool = False) -> None:
+        """The per-forward policy, the same on every framework: a waiting capture claims the forward,
+        else the scheduler may pick it for attribution (``_begin_attributed``, which leaves
+        ``tls.state`` set when it measures); a model forward left plain is read at its root only for
+        the memory model (``_begin_root_reading``, ``capacity.root_readings``); a measured model
+        forward's shape is read for the memory model (a layer's own shapes are not the model's).
+        ``opener``: what the adapter knows the opening call by (torch's module, Keras' layer id)."""
+        cap = self._capture
+        if cap is not None and cap.claim():
+            self._begin_attributed(opener, path, t, cap, compiled)
+        elif self.scheduler.should_attribute():
+            self._begin_attributed(opener, path, t, None, compiled)
+        tls.shape = None
+        if tls.state is None and not path and self.capacity is not None and self.config.capacity.root_readings:
+            self._begin_root_reading(opener, t)
+        if tls.state is not None and not path and self.capacity is not None:
+            tls.shape = self._shape(args, kwargs)
+
+    def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
+        """Start measuring this thread's forward per layer (``cap``: the capture that claimed it)."""
+        raise NotImplementedError
+
+    def _begin_root_reading(self, opener: Any, t: float) -> None:
+        """Start reading a model forward the scheduler left plain at its root only."""
+        raise NotImplementedError
+
+    def _end_forward(self, tls: ForwardRecord, state: ForwardState | None, t: float, self_time_s: float,
+                     root: LayerCall | None, raised: bool, exc: BaseException | None) -> None:
+        """The close bookkeeping after the adapter folded the forward's figures: a captured forward
+        counts in its capture, and the forward is charged to the scheduler and told to the observers
+        (``t``: when the adapter's close began; ``self_time_s``: our time in the forward before it)."""
+        cap, tls.capture = tls.capture, None
+        if cap is not None:
+            self._captured_forward_ended(cap, _perf_counter(), root)
+        end = _perf_counter()
+        self._forward_ended(state, end - tls.start_s, self_time_s + end - t, raised, exc)
+
     def _publish(self, state: ForwardState, calls: list[LayerCall], t: float, raised: bool,
                  shape: Features | None, dropped: str | None) -> None:
         """Fold one finished forward into the figures: its calls into the statistics and windows,
@@ -414,4 +525,4 @@ class Instrumentation:
                              "model is unaffected)", self.name, where, e)
 
 
-__all__ = ["Instrumentation"]
+__all__ = ["ForwardRecord", "Instrumentation"]

@@ -3,7 +3,7 @@ processes that left theirs behind.
 
 The composition root hands it the sampler's ticks (``on_sample``), every instrumented model's
 forward openings and closings (``opened``/``closed``, the ``FlightListener`` of
-``attribution/observers.py``), and asks it for its series rows and its post-mortems. ``start``
+``attribution/handle.py``), and asks it for its series rows and its post-mortems. ``start``
 opens the file (and, once per process, scans the folder for dead processes' files on a
 background thread); ``shutdown`` marks the process clean and removes its file.
 

@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "headroom": ("headroom", "how much more fits: max safe batch per sequence length, or one shape's predicted peak"),
     "postmortem": ("postmortem", "why earlier processes of a running endpoint's service ended (OOM kill, kill, exit) "
                                  "and what they were doing"),
+    "baseline": ("baseline", "save a running endpoint's per-layer figures of a model as a baseline file"),
+    "diff": ("diff", "compare two baseline files per layer (--fail-above for CI)"),
 }
 
 

@@ -4,7 +4,7 @@ It counts the OOM, finds the failing layer (from the attribution stack when the 
 attributed, else from the traceback's module frames), and stores a dump with the last samples, the
 open operations and the layer's stats. It never swallows or changes the exception: it observes the
 forward's end, and the error continues up the caller's stack as it was. It is a forward observer
-(``attribution/observers.py``) that the composition root registers on every handle, and
+(``attribution/handle.py``) that the composition root registers on every handle, and
 reads the process history and stores its dump through the functions it was built with.
 """
 from __future__ import annotations

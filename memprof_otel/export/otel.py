@@ -31,7 +31,8 @@ from ..telemetry.ranks import process_labels
 from ..timeline import OperationRecord
 from . import process_semconv as semconv
 from .export_failures import ExportFailureLog
-from .otel_pipeline import GrpcExtraMissing, instance_id, own_providers
+from .bounded_shutdown import shutdown_within
+from .otel_pipeline import GrpcExtraMissing, OwnProviders, instance_id, own_providers
 from .otel_settings import resolve
 from .span_attributes import device_peak_attributes
 
@@ -64,7 +65,7 @@ class OtelExporter:
         self._series = series
         # the process's constant attributes (rank), on every data point
         self.constant: dict[str, str] = process_labels(os.environ if environ is None else environ)
-        self._owned: list[Any] = []
+        self._owned: OwnProviders | None = None
         self.endpoint: str | None = None
         settings = resolve(cfg, service_name, os.environ if environ is None else environ)
         self.settings = settings
@@ -76,7 +77,8 @@ class OtelExporter:
                                      traces=settings.traces and tracer_provider is None)
         if ep and (wanted.metrics or wanted.traces):
             try:
-                mp_, tp_ = own_providers(wanted, self.instance_id, on_error, self.failures)
+                own = own_providers(wanted, self.instance_id, on_error, self.failures)
+                mp_, tp_ = own.meter_provider, own.tracer_provider
             except GrpcExtraMissing as e:
                 # one clear line; metrics, spans on the global providers, /metrics all keep running
                 log.warning("memprof_otel: OTLP over grpc to %s needs the grpc extra "
@@ -84,7 +86,7 @@ class OtelExporter:
                 on_error("otel_setup")
             else:
                 self.endpoint = ep
-                self._owned = [p for p in (mp_, tp_) if hasattr(p, "force_flush")]  # not the no-op ones
+                self._owned = own  # the SDK providers, shut down with the exporter
                 meter_provider = meter_provider or mp_
                 tracer_provider = tracer_provider or tp_
         if ep and self.endpoint is None and not (wanted.metrics or wanted.traces):
@@ -228,21 +230,12 @@ class OtelExporter:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def shutdown(self, timeout_s: float) -> bool:
-        """Flush and stop the providers we own, within ``timeout_s``; True if they finished."""
-        if not self._owned:
+        """Flush and stop the providers we own within ``timeout_s``, whatever the collector does
+        (``bounded_shutdown``); True if they finished."""
+        owned, self._owned = self._owned, None
+        if owned is None:
             return True
-        owned, self._owned = self._owned, []
-
-        def run() -> None:
-            for p in owned:
-                try:
-                    p.shutdown()
-                except Exception:
-                    pass
-        t = threading.Thread(target=run, name="memprof-otel-shutdown", daemon=True)
-        t.start()
-        t.join(timeout_s)
-        return not t.is_alive()
+        return shutdown_within(owned.steps, owned.aborts, timeout_s)
 
 
 def _attr(v: Any) -> Any:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import NoOpTracerProvider
 
 from .._version import __version__
 from ..telemetry.ranks import ranks_from
+from .bounded_shutdown import Abort, Step
 from .export_failures import ExportFailureLog, install_sdk_log_filter, quiet_sdk_logs
 from .otel_settings import OtelSettings, resource_attributes
 
@@ -65,6 +66,8 @@ class _CountingSpanExporter:
                 self._inner.shutdown()
         except Exception:
             pass
+
+    abort = shutdown  # at a shutdown's deadline: no retry after it (bounded_shutdown.py)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         try:
@@ -119,6 +122,9 @@ def _counting_metric_exporter(inner: Any, on_error: ErrorFn, name: str, target: 
             except Exception:
                 pass
 
+        def abort(self) -> None:  # at a shutdown's deadline: no retry after it (bounded_shutdown.py)
+            self.shutdown(timeout_millis=0)
+
     return CountingMetricExporter()
 
 
@@ -167,10 +173,20 @@ def build_resource(explicit_service_name: str | None, instance: str) -> Any:
     return Resource.create().merge(ours)
 
 
+class OwnProviders(NamedTuple):
+    """Our pipeline: SDK providers exporting over OTLP, or no-op ones for a signal that is off, and
+    how to shut the SDK ones down within a deadline (``bounded_shutdown.shutdown_within``)."""
+
+    meter_provider: Any
+    tracer_provider: Any
+    steps: tuple[Step, ...]    # each SDK provider's shutdown, given the seconds left
+    aborts: tuple[Abort, ...]  # each exporter's: no retry after it
+
+
 def own_providers(s: OtelSettings, instance: str, on_error: ErrorFn,
-                  failures: ExportFailureLog) -> tuple[Any, Any]:
-    """(meter provider, tracer provider): SDK ones exporting over OTLP, or no-op ones for a signal
-    that is off (``OTEL_<SIGNAL>_EXPORTER=none``, ``otel.metrics``/``otel.traces: false``).
+                  failures: ExportFailureLog) -> OwnProviders:
+    """SDK providers exporting over OTLP, or no-op ones for a signal that is off
+    (``OTEL_<SIGNAL>_EXPORTER=none``, ``otel.metrics``/``otel.traces: false``).
     ``failures``: where failed exports are reported (at a bounded rate)."""
     # why: our own SDK providers only when no provider is given
     from opentelemetry.sdk.metrics import MeterProvider
@@ -183,17 +199,21 @@ def own_providers(s: OtelSettings, instance: str, on_error: ErrorFn,
     resource = build_resource(s.service_name, instance)
     meter_provider: Any = NoOpMeterProvider()
     tracer_provider: Any = NoOpTracerProvider()
+    steps: list[Step] = []
+    aborts: list[Abort] = []
     # shutdown_on_exit=False: the SDK's own atexit shutdown waits on the collector without a
     # bound; ours (runtime.shutdown) is bounded
     if metric_exp is not None:
-        reader = PeriodicExportingMetricReader(
-            _counting_metric_exporter(metric_exp, on_error, "otlp_metrics", m_url, failures),
-            export_interval_millis=s.export_interval_s * 1000,
-            export_timeout_millis=s.metrics_timeout_s * 1000)
+        counting = _counting_metric_exporter(metric_exp, on_error, "otlp_metrics", m_url, failures)
+        reader = PeriodicExportingMetricReader(counting, export_interval_millis=s.export_interval_s * 1000,
+                                               export_timeout_millis=s.metrics_timeout_s * 1000)
         meter_provider = MeterProvider(metric_readers=[reader], resource=resource, shutdown_on_exit=False)
+        steps.append(lambda left_s: meter_provider.shutdown(timeout_millis=left_s * 1000))
+        aborts.append(counting.abort)
     if span_exp is not None:
+        spans = _CountingSpanExporter(span_exp, on_error, "otlp_traces", t_url, failures)
         tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-        tracer_provider.add_span_processor(BatchSpanProcessor(
-            _CountingSpanExporter(span_exp, on_error, "otlp_traces", t_url, failures),
-            export_timeout_millis=s.traces_timeout_s * 1000))
-    return meter_provider, tracer_provider
+        tracer_provider.add_span_processor(BatchSpanProcessor(spans, export_timeout_millis=s.traces_timeout_s * 1000))
+        steps.append(lambda left_s: tracer_provider.shutdown())  # the SDK's span processor takes no deadline
+        aborts.append(spans.abort)
+    return OwnProviders(meter_provider, tracer_provider, tuple(steps), tuple(aborts))

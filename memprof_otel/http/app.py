@@ -21,9 +21,10 @@ from urllib.parse import parse_qs
 
 
 from .._log import rate_limited
-from ..advice import SEVERITIES, AdviceReport
+from ..advice import SEVERITIES
+from ..advice.adapter import Advisor
 from .._version import __version__
-from ..config import MAX_RULES, Config, ConfigError, HttpConfig, LeaksConfig, parse_rule
+from ..config import Config, ConfigError, HttpConfig, LeaksConfig
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
 from ..attribution.registry import live_handles
 from ..blackbox.service import BlackBox
@@ -35,14 +36,16 @@ from ..dumps.service import DumpService
 from ..dumps.store import is_dump_id
 from ..files import json_bytes
 from ..export.exposition_merge import OPENMETRICS
-from ..export.prometheus import ScrapeSource, count_samples, make_registry, render_exposition
+from ..export.prometheus import count_samples, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
 from ..sources import registry
 from ..telemetry.leaks import LeakWatch
 from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
-from ..telemetry.series import SelfView
+from ..telemetry.scrape import ScrapeView
+from ..telemetry.self_counters import SelfCounters
 from ..watchdog.adapter import Watchdog
+from ..watchdog.rules import MAX_RULES, parse_rule
 from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,
                      host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,
@@ -76,7 +79,7 @@ _FAILED_STATUS = {"no_forward_in_time": 504, "dump_not_stored": 507, "uninstrume
                   "capture_unsupported": 409, "capture_in_progress": 409, "unknown_model": 404}
 
 
-class EndpointServices(ScrapeSource, Protocol):
+class EndpointServices(Protocol):
     """What the routes read and drive (the process runtime is one; the composition root passes it)."""
 
     config: Config | None
@@ -89,13 +92,12 @@ class EndpointServices(ScrapeSource, Protocol):
     blackbox: BlackBox
     started_unix: float
     servers: list[Any]
+    scrape: ScrapeView        # the series, layer views and the series budget (/metrics, /v1/status)
+    counters: SelfCounters    # where the server counts failed connections
+    advisor: Advisor          # /v1/advice
 
     def ensure_started(self, config: Config | None = None) -> Any: ...
-    def self_view(self) -> SelfView: ...
     def samples(self, since_unix: float | None = None) -> list[Any]: ...
-    def advice(self, model: str | None = None, min_severity: str = "info") -> AdviceReport: ...
-    def count_http_connection_error(self, reason: str) -> None: ...
-    def series_status(self) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -270,7 +272,7 @@ class Endpoint:
         self.allowed_origins = tuple(o.lower() for o in (allowed_origins if allowed_origins is not None
                                                           else http.allowed_origins))
         self.base_url = base_url
-        self.registry = make_registry(self.rt, layers=False)  # layer families: the fast writer
+        self.registry = make_registry(self.rt.scrape, layers=False)  # layer families: the fast writer
         self._routes: dict[tuple[str, str], Handler] = {
             ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
             ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
@@ -394,13 +396,13 @@ class Endpoint:
         accept = req.headers.get("accept", "")
         folder = cfg.workers.snapshot_dir if cfg is not None else None
         if folder is None:
-            body, content_type = render_exposition(self.rt, self.registry, accept)
+            body, content_type = render_exposition(self.rt.scrape, self.registry, accept)
         else:  # single-port mode: this worker's series, live, with every other live worker's file
-            own, _ = render_exposition(self.rt, self.registry, OPENMETRICS)
+            own, _ = render_exposition(self.rt.scrape, self.registry, OPENMETRICS)
             body, content_type = render_all_workers(
                 own, folder, stale_after_s(cfg.workers.snapshot_interval, cfg.sampler.interval), accept,
-                on_error=self.rt.count_export_error)
-        self.rt.record_series_exported(count_samples(body))  # what this answer hands the scraper
+                on_error=self.rt.counters.count_export_error)
+        self.rt.scrape.record_series_exported(count_samples(body))  # what this answer hands the scraper
         # Prometheus asks for gzip; a 1,000-layer scrape shrinks ~13x (docs/benchmarks.md)
         if accepts_gzip(req.headers.get("accept-encoding", "")):
             return Response(200, gzip.compress(body, compresslevel=GZIP_LEVEL), content_type,
@@ -429,10 +431,10 @@ class Endpoint:
             sources[name] = {"up": False, "errors": 0, "last_error": reason}
         cfg = self.rt.config
         return json_response(200, {
-            "version": __version__, "torch_version": self.rt.self_view().torch_version,
+            "version": __version__, "torch_version": self.rt.scrape.self_view().torch_version,
             "models": models, "sources": sources, "sampler": {k: v for k, v in health.items() if k != "sources"},
             "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix,
-            "series": self.rt.series_status()})
+            "series": self.rt.scrape.budget.status()})
 
     def layers(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         name = _str_param(q, "model")
@@ -441,6 +443,8 @@ class Endpoint:
             "device": h.last_device,
             "layers": {k: v.to_dict() for k, v in sorted(h.layer_stats().items())},
             "window": {k: f._asdict() for k, f in sorted(h.exported_layer_peaks().items())},
+            # what `memprof-otel baseline save` records besides the figures (docs/reference.md)
+            "structure": h.layer_signatures(), "environment": h.environment(),
         } for h in handles}})
 
     def timeline(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
@@ -498,7 +502,7 @@ class Endpoint:
         if floor not in SEVERITIES:
             raise HttpError(400, "bad_parameter", f"min_severity must be one of {', '.join(SEVERITIES)}, "
                             f"got {_shown(floor)}")
-        return json_response(200, self.rt.advice(model, floor))  # UnknownModel: 404 unknown_model
+        return json_response(200, self.rt.advisor.report(model, floor))  # UnknownModel: 404 unknown_model
 
     def postmortem(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         """The processes of this service that ended without a clean shutdown, from their black boxes."""

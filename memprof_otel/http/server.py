@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import email.errors
 import errno
+import logging
+import os
 import socket
 import sys
 import threading
@@ -29,7 +31,9 @@ from ..errors import ConfigError, ServeError
 from ..telemetry.ranks import ranks_from
 from .app import Endpoint, EndpointServices, Request, Response, dumps, error_response
 from .connection_errors import connection_failed
-from .workers import rank_port, warn_if_round_robin
+from .workers import parent_is_server, rank_port, warn_if_round_robin
+
+log = logging.getLogger("memprof_otel")
 
 SOCKET_TIMEOUT_S = 60.0  # a client that stops sending mid-request frees its thread after this
 # environ key: the socket error that cut a request body short. The request is still answered (400);
@@ -360,7 +364,7 @@ class Server:
         self.requested = (host, port, token, port_count, shared)
         app = wsgi_app(rt, token, bind_host=host, mounted=False)  # its own port: no sharing to warn about
         self._httpd = self._bind(app, host, port, port_count, shared)
-        self._httpd.count_connection_error = rt.count_http_connection_error
+        self._httpd.count_connection_error = rt.counters.count_http_connection_error
         self.port = self._httpd.server_address[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"http://{shown}:{self.port}"
@@ -427,6 +431,36 @@ class Server:
 
     def __repr__(self) -> str:
         return f"<memprof_otel.Server {self.url}>"
+
+
+def renew_servers_in_child(rt: EndpointServices) -> None:
+    """In a child forked from a process that serves the endpoint (a pre-fork server's worker): with
+    ``workers.snapshot_dir`` the child serves the inherited port too, with every worker's series;
+    with ``http.port_count`` > 1 it takes the next free port of the range; else the endpoint stays
+    with the parent, and a server's worker is told why it serves none."""
+    cfg = rt.config
+    if cfg is None:
+        return
+    for srv in list(rt.servers):
+        if not isinstance(srv, Server):
+            continue
+        if cfg.workers.snapshot_dir is not None:
+            srv.resume_in_child()  # any process answers on the one port, with every worker's series
+            continue
+        srv.release_in_child()
+        host, port, token, count, shared = srv.requested
+        if count > 1:  # a port per worker: this child takes the next free one of the range
+            try:
+                Server(rt, host, port, token, port_count=count, shared=shared)
+            except ServeError as e:
+                log.warning("memprof_otel: this worker (pid %d) serves no endpoint: %s", os.getpid(), e)
+        else:  # a server's worker hears it; a DataLoader or pool worker need not
+            log.log(logging.WARNING if parent_is_server() else logging.DEBUG,
+                    "memprof_otel: the endpoint on %s was started before this worker (pid %d) was "
+                    "forked; it stays with process %d and this worker serves none. Set "
+                    "workers.snapshot_dir to serve every worker's series on that port, or "
+                    "http.port_count to give each worker a port of its own.",
+                    srv.url, os.getpid(), os.getppid())
 
 
 def serve(rt: EndpointServices, host: str | None = None, port: int | None = None,

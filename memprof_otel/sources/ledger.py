@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 # private torch names, feature-detected (a torch without them degrades instead of failing import)
-from .._torch_compat import TorchDispatchMode, dynamo_disable as _dynamo_disable
-from .._torch_compat import eval_frame_callback as _eval_frame_callback, skip_code as _skip_code
+from .torch_compat import TorchDispatchMode, dynamo_disable as _dynamo_disable
+from .torch_compat import eval_frame_callback as _eval_frame_callback, skip_code as _skip_code
 from .base import Reading
 from .survivors import SurvivorTable
 

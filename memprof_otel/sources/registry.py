@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from .._log import logger, warn_once
 from ..errors import SourceUnavailable
@@ -25,13 +25,15 @@ _sources: dict[str, Any] = {}
 _down: dict[str, str] = {}
 _uuids: dict[int, str] = {}  # CUDA index -> torch's UUID, once torch has initialised CUDA
 
+S = TypeVar("S")
 
-def _get(name: str, make: Any,
-         on_down: Callable[[str, Exception], None] | None = None) -> Any | None:
+
+def _get(name: str, make: Callable[[], S],
+         on_down: Callable[[str, Exception], None] | None = None) -> S | None:
     """``on_down(reason, exc)`` runs once, when the source is first found down (under the lock)."""
     with _lock:
         if name in _sources:
-            return _sources[name]
+            return _sources[name]  # what make() built under this name
         if name in _down:
             return None
         try:
@@ -46,11 +48,11 @@ def _get(name: str, make: Any,
         return src
 
 
-def host_allocator() -> Any | None:
+def host_allocator() -> HostAllocatorSource | None:
     return _get("cpu", HostAllocatorSource)
 
 
-def cuda_allocator(index: int) -> Any | None:
+def cuda_allocator(index: int) -> CudaAllocatorSource | None:
     return _get(f"cuda:{index}", lambda: CudaAllocatorSource(index))
 
 
@@ -68,7 +70,7 @@ def cuda_trace_in_flight() -> int:
     return trace.in_flight if trace is not None else 0
 
 
-def process() -> Any | None:
+def process() -> ProcessSource | None:
     return _get("process", ProcessSource)
 
 
@@ -145,7 +147,7 @@ def reset_for_tests() -> None:
         _uuids.clear()
 
 
-def cuda_history_recorder(index: int, max_entries: int) -> Any | None:
+def cuda_history_recorder(index: int, max_entries: int) -> CudaHistoryRecorder | None:
     """A fresh allocator-history recorder for one capture (None when it cannot be built)."""
     try:
         return CudaHistoryRecorder(index, max_entries)

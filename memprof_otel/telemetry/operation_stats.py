@@ -111,6 +111,15 @@ class OperationStats:
                                         f.last_delta)
                     for n, f in self._by_name.items()}
 
+    def delta_series(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        """``memprof_operation_memory_delta_bytes``: each operation's last memory delta (a series
+        contributor; nothing while no operation has ended)."""
+        snap = self.snapshot()
+        if not snap:
+            return {}
+        return {"memprof_operation_memory_delta_bytes": [({"operation": op}, f.last_delta)
+                                                         for op, f in sorted(snap.items())]}
+
     def clear(self) -> None:
         with self._lock:
             self._by_name.clear()

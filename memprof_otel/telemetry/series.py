@@ -51,6 +51,9 @@ _CONTAINER = {
 }
 
 
+# the frameworks memprof_build_info names the version of (``<name>_version``; empty when not in use)
+FRAMEWORKS = ("torch", "keras", "tensorflow", "jax")
+
 UNATTRIBUTED_REASONS = ("concurrent", "trace_lost")  # memprof_forwards_unattributed_total's reasons
 
 
@@ -83,7 +86,13 @@ class SelfView:
     http_connection_errors: Mapping[str, int] = field(default_factory=dict)  # reason -> failed connections
     cuda_uuids: Mapping[int, str] = field(default_factory=dict)  # CUDA index -> torch's device UUID
     version: str = ""
-    torch_version: str = ""
+    # framework -> its version, for the frameworks this process has imported (FRAMEWORKS)
+    frameworks: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def torch_version(self) -> str:
+        return self.frameworks.get("torch", "")
+    service_version: str = ""  # the deployment's service.version: before/after a deploy
 
 
 def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfView,
@@ -158,7 +167,9 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         add("memprof_http_connection_errors_total", {"reason": reason}, n)
     for (fmt, result), n in sorted(me.dumps.items()):
         add("memprof_dumps_total", {"format": fmt, "result": result}, n)
-    add("memprof_build_info", {"version": me.version, "torch_version": me.torch_version}, 1)
+    add("memprof_build_info", {"version": me.version,
+                               **{f"{name}_version": me.frameworks.get(name, "") for name in FRAMEWORKS},
+                               "service_version": me.service_version}, 1)
     return out
 
 

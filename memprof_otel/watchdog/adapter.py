@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 
 from .._callouts import calls_application
 from .._log import rate_limited
-from ..config import WatchdogConfig, WatchdogRule
+from ..config import WatchdogConfig
+from .rules import WatchdogRule
 from ..metric_names import BY_PROM
 from ..telemetry.series import Labels, Series
 from ..timeline import Sample

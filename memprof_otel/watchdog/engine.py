@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..config import RULE_OPS, WatchdogRule
+from .rules import RULE_OPS, WatchdogRule
 
 INACTIVE, PENDING, FIRING, RESOLVED = "inactive", "pending", "firing", "resolved"
 

@@ -47,7 +47,7 @@ def _advice_after(t: float) -> dict[str, dict]:
     while time.monotonic() < deadline:
         latest = rt.sampler.latest() if rt.sampler is not None else None
         if latest is not None and latest.t > t:
-            return {a.id: a.to_dict() for a in rt.advice().advice}
+            return {a.id: a.to_dict() for a in rt.advisor.report().advice}
         time.sleep(0.05)
     raise AssertionError("no sample after the fragmentation")
 

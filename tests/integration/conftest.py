@@ -1,5 +1,6 @@
-"""Every integration test leaves the process runtime (a singleton) as it found it: no sampler, no
-exporter, no instrumented model, no operation records."""
+"""Every integration test runs with a process runtime of its own and leaves none running: no
+sampler, no exporter, no instrumented model; operation records, counters and kept samples start
+empty in the next test (a runtime keeps them for the life of a process)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -9,31 +10,25 @@ import httpx
 import pytest
 
 import memprof_otel as mp
+from memprof_otel import runtime as runtime_module
 from memprof_otel.attribution.registry import live_handles
-from memprof_otel.runtime import runtime
 
 from .helpers import JSON_HEADERS
 
 
-def _reset() -> None:
-    rt = runtime()
-    rt.tracker.end_phase()
-    rt.tracker.clear()
-    rt.op_stats.clear()
-    # OOMs seen in forwards count for the life of the process (a counter); one test's OOMs must
-    # not become the next test's critical advice
-    rt.extra_ooms.clear()
-    rt.discard_samples()  # a stopped sampler's samples stay readable: not into the next test
+def _fresh_runtime() -> None:
+    # the singleton replaced, not cleared field by field: a field added later starts fresh too
+    runtime_module._runtime = runtime_module.Runtime()
 
 
 @pytest.fixture(autouse=True)
 def clean_runtime():
-    _reset()
+    _fresh_runtime()
     yield
     for h in list(live_handles().values()):
         h.uninstrument()
     mp.shutdown(2)
-    _reset()
+    _fresh_runtime()
 
 
 @pytest.fixture

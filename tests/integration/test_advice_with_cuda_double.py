@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import memprof_otel as mp
-import memprof_otel.runtime as runtime_mod
+from memprof_otel.runtime import runtime
 from memprof_otel.sources import cuda_stats, registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
@@ -30,7 +30,7 @@ def device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[Sc
     src = CudaAllocatorSource(0, stats_fn=dev.memory_stats_nested, reset_peak_fn=dev.reset_peak)
     monkeypatch.setattr(registry, "cuda_allocator", lambda index: src if index == 0 else None)
     monkeypatch.setattr(registry, "device_uuids", lambda: {})
-    monkeypatch.setattr(runtime_mod, "_cuda_devices", lambda: [0])
+    monkeypatch.setattr(runtime().sources, "cuda_devices", lambda: [0])
     mp.start_monitoring({"sampler": {"interval": "50ms"}, "dumps": {"dir": str(tmp_path / "dumps")}})
     srv = mp.serve(port=0)
     try:

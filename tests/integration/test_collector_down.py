@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -110,13 +111,13 @@ def compare(cfg: dict, rounds: int = 3) -> tuple[float, float]:
 def assert_counted_and_bounded(errors_before: dict) -> None:
     rt = runtime()
     assert rt.otel is not None and rt.otel.endpoint is not None
-    grew = lambda k: rt.export_errors.get(k, 0) - errors_before.get(k, 0)  # noqa: E731
+    grew = lambda k: rt.counters.export_errors.get(k, 0) - errors_before.get(k, 0)  # noqa: E731
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and (grew("otlp_metrics") < 2 or grew("otlp_traces") < 1):
         time.sleep(0.05)
-    assert grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, dict(rt.export_errors)
-    exported = dict((lab["exporter"], v) for lab, v in rt.series(max_age_s=0)["memprof_export_errors_total"])
-    assert exported["otlp_metrics"] == rt.export_errors["otlp_metrics"]
+    assert grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, dict(rt.counters.export_errors)
+    exported = dict((lab["exporter"], v) for lab, v in rt.scrape.series(max_age_s=0)["memprof_export_errors_total"])
+    assert exported["otlp_metrics"] == rt.counters.export_errors["otlp_metrics"]
     assert rt.sampler is not None and rt.sampler.running  # the sampler never noticed
     t0 = time.monotonic()
     assert mp.shutdown(3) is True  # the final flush gave up in time: no exporter left running
@@ -125,7 +126,7 @@ def assert_counted_and_bounded(errors_before: dict) -> None:
 
 @pytest.mark.timeout(90)
 def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
-    before = dict(runtime().export_errors)
+    before = dict(runtime().counters.export_errors)
     base, down = compare(config(closed_port_url()))
     assert down <= 1.5 * base + 0.002, f"median forward {down * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
@@ -133,7 +134,7 @@ def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
 
 @pytest.mark.timeout(90)
 def test_slow_collector_keeps_forwards_fast_and_counts_errors(otel_env, slow_receiver):
-    before = dict(runtime().export_errors)
+    before = dict(runtime().counters.export_errors)
     base, slow = compare(config(slow_receiver.url))
     assert slow <= 1.5 * base + 0.002, f"median forward {slow * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
@@ -197,7 +198,7 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     caplog.set_level(logging.INFO)
     url = closed_port_url()
     rt = runtime()
-    before = rt.export_errors.get("otlp_metrics", 0)
+    before = rt.counters.export_errors.get("otlp_metrics", 0)
     mp.start_monitoring({"sampler": {"interval": "50ms"},
                          "otel": {"endpoint": url, "protocol": protocol, "export_interval": "100ms",
                                   "export_timeout": "300ms"}})
@@ -205,10 +206,10 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     # WHEN it stays down for a few seconds
     t0 = time.monotonic()
     deadline = t0 + 15
-    while time.monotonic() < deadline and (rt.export_errors["otlp_metrics"] - before < 8
+    while time.monotonic() < deadline and (rt.counters.export_errors["otlp_metrics"] - before < 8
                                            or time.monotonic() - t0 < 3.5):
         time.sleep(0.05)
-    failed = rt.export_errors["otlp_metrics"] - before
+    failed = rt.counters.export_errors["otlp_metrics"] - before
     elapsed = time.monotonic() - t0
     # THEN the SDK's per-export errors are not written, ours are: one line at the first failure ...
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")], \
@@ -219,7 +220,7 @@ def test_a_dead_collector_is_logged_once_then_at_a_bounded_rate_and_its_recovery
     still = _lines(caplog, "otlp_metrics", "still failing")
     assert 1 <= len(still) <= elapsed / 1.0 + 1
     counts = [int(re.search(r"still failing: (\d+) failed exports", s).group(1)) for s in still]
-    assert 1 + sum(counts) <= rt.export_errors["otlp_metrics"] - before
+    assert 1 + sum(counts) <= rt.counters.export_errors["otlp_metrics"] - before
 
     # WHEN the collector comes back on that port
     port = int(url.rsplit(":", 1)[1])
@@ -242,3 +243,95 @@ def wait_until(pred, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return bool(pred())
+
+
+def blackhole_url() -> tuple[socket.socket, str]:
+    """A collector that takes connections and never answers: a listening socket that never accepts
+    (the kernel completes the handshakes into its backlog, the request waits for a reply)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    return s, f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _export_threads() -> list[str]:
+    # the SDK's reader and span processor threads, and our shutdown's
+    return [t.name for t in threading.enumerate() if t.name.startswith(("Otel", "memprof-otel-shutdown"))]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("collector", ["dead", "blackhole"])
+def test_shutdown_ends_at_its_deadline_and_leaves_no_export_retrying(otel_env, collector):
+    # GIVEN exports failing for a while, each allowed 5 s (the SDK retries within that)
+    hole, url = blackhole_url() if collector == "blackhole" else (None, closed_port_url())
+    try:
+        mp.start_monitoring({"sampler": {"interval": "50ms"},
+                             "otel": {"endpoint": url, "export_interval": "200ms", "export_timeout": "5s"}})
+        model = make_model()
+        h = mp.instrument(model, name="m")
+        with mp.operation("request"):
+            model(torch.randn(4, 256))
+        h.uninstrument()
+        time.sleep(1.0)
+        assert _export_threads()
+        # WHEN it shuts down with 2 s
+        t0 = time.monotonic()
+        done = mp.shutdown(2)
+        took = time.monotonic() - t0
+        # THEN it returns by its deadline, the final export unfinished ...
+        assert done is False and took < 2.5, took
+        # ... and nothing retries after it: against a refused connection the exports end at once;
+        # against a silent collector the request on the wire ends at its own timeout (5 s), no later
+        limit = 1.0 if collector == "dead" else 5.0 + 1.0
+        end = time.monotonic() + limit
+        while _export_threads() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not _export_threads(), (_export_threads(), time.monotonic() - t0)
+    finally:
+        if hole is not None:
+            hole.close()
+
+
+_LOADED_SCRIPT = textwrap.dedent("""
+    import atexit, sys, time
+    # registered before monitoring starts, so it runs after memprof-otel's exit hook
+    atexit.register(lambda: print("hook_end", time.monotonic(), file=sys.stderr, flush=True))
+""") + _SCRIPT.replace(
+    'mp.instrument(model, name="m")', 'mp.instrument(model, name="m")\nprint("ready", flush=True)').replace(
+    'print("done", n, flush=True)', 'print("done", n, flush=True)\n'
+                       # registered after monitoring started, so it runs before memprof-otel's exit hook
+                       'atexit.register(lambda: print("hook_start", time.monotonic(), file=sys.stderr, flush=True))')
+
+
+@pytest.mark.timeout(240)
+def test_exit_hook_ends_within_its_deadline_with_every_core_busy(tmp_path):
+    """With a dead collector and every core running a busy loop, memprof-otel's exit hook (its
+    shutdown, 3 s) still ends by its deadline. The interpreter's own teardown after it (torch's
+    included) is not ours: it is reported, and bounded loosely."""
+    env = {k: v for k, v in os.environ.items() if k not in _OTEL_VARS}
+    hogs: list[subprocess.Popen] = []
+    proc = subprocess.Popen([sys.executable, "-c", _LOADED_SCRIPT, closed_port_url()], cwd=REPO, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        ready = proc.stdout.readline()
+        # the cores get busy once the child has imported torch and started (the import is not tested)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        line = proc.stdout.readline()
+        finished = time.monotonic()
+        proc.wait(timeout=120)
+        exit_after = time.monotonic() - finished
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    stderr = proc.stderr.read()
+    assert ready.startswith("ready") and line.startswith("done ") and proc.returncode == 0, stderr[-2000:]
+    marks = dict(ln.split() for ln in stderr.splitlines() if ln.startswith(("hook_start ", "hook_end ")))
+    hook = float(marks["hook_end"]) - float(marks["hook_start"])
+    print(f"exit hook {hook:.2f} s, exit {exit_after:.2f} s after the work ended")
+    assert hook < 3.0 + 1.0, f"the exit hook took {hook:.1f} s (deadline 3 s)"
+    assert exit_after < 60.0, f"exit took {exit_after:.1f} s after the work ended (the hook {hook:.1f} s)"

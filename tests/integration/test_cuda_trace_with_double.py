@@ -13,7 +13,7 @@ from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
-from memprof_otel.runtime import _layer_view
+from memprof_otel.telemetry.scrape import layer_view as _layer_view
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.cuda_trace import CudaAllocatorTrace

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
-from memprof_otel import runtime as runtime_mod
+from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.nvml import NvmlSource
@@ -60,7 +60,7 @@ def gpu_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[m
         nvml=double, pid_namespace=lambda pid: NS_REASON, **kw))
     monkeypatch.setattr(registry, "cuda_allocator", lambda index: srcs.get(index))
     monkeypatch.setattr(registry, "device_uuids", lambda: {0: HEX_H100, 1: HEX_MIG})  # torch's view
-    monkeypatch.setattr(runtime_mod, "_cuda_devices", lambda: [0, 1])
+    monkeypatch.setattr(runtime().sources, "cuda_devices", lambda: [0, 1])
     monkeypatch.setattr("memprof_otel._log._warned", set())
     registry.reset_for_tests()
     # torch holds memory on both: an 8 MiB tensor on cuda:0 (a 20 MiB segment: requests between

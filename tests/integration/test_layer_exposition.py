@@ -56,7 +56,7 @@ def test_fast_layer_block_equals_prometheus_client_in_text_and_openmetrics():
     for _ in range(3):
         a(torch.randn(2, 4))
         b(torch.randn(2, 4))
-    rt = runtime()
+    rt = runtime().scrape
     full, lean = make_registry(rt), make_registry(rt, layers=False)
 
     for accept, generate in (("", generate_latest), ("application/openmetrics-text", generate_openmetrics)):

@@ -309,7 +309,7 @@ def test_operation_histograms_and_last_delta_series():
     assert recs["shrink"][0].delta_bytes <= -320 * MiB
 
     series = dict((lab["operation"], v) for lab, v in
-                  runtime().series(max_age_s=0)["memprof_operation_memory_delta_bytes"])
+                  runtime().scrape.series(max_age_s=0)["memprof_operation_memory_delta_bytes"])
     assert series == {"grow": float(recs["grow"][-1].delta_bytes),
                       "shrink": float(recs["shrink"][0].delta_bytes)}
 
@@ -512,7 +512,7 @@ def test_a_model_idle_for_a_whole_window_exports_its_layers_at_its_first_forward
     with torch.no_grad():
         model(torch.randn(4, 8))
     assert set(h.exported_layer_peaks()) == {"", "0", "1"}
-    rows = runtime().series(max_age_s=0)["memprof_layer_peak_increase_bytes"]
+    rows = runtime().scrape.series(max_age_s=0)["memprof_layer_peak_increase_bytes"]
     assert {lab["layer"] for lab, _ in rows if lab["model"] == "idle"} == {"", "0", "1"}
 
 
@@ -521,11 +521,11 @@ def test_a_restart_does_not_serve_the_previous_runs_series():
     model = nn.Sequential(nn.Linear(8, 16))
     h = mp.instrument(model, name="gone", attribution={"every_n_forwards": 1, "overhead_budget": 1.0})
     model(torch.randn(2, 8))
-    assert any(lab["model"] == "gone" for lab, _ in runtime().series()["memprof_layer_peak_increase_bytes"])
+    assert any(lab["model"] == "gone" for lab, _ in runtime().scrape.series()["memprof_layer_peak_increase_bytes"])
     h.uninstrument()
     mp.shutdown(2)
     mp.start_monitoring(FAST)
-    rows = runtime().series().get("memprof_layer_peak_increase_bytes", [])  # within the cache age
+    rows = runtime().scrape.series().get("memprof_layer_peak_increase_bytes", [])  # within the cache age
     assert not any(lab["model"] == "gone" for lab, _ in rows)
 
 

@@ -91,25 +91,25 @@ def test_the_standard_timeouts_bound_each_signals_exports_unless_the_config_sets
         # GIVEN a collector that takes 10 s to answer, a 300 ms metrics timeout and a 20 s general one
         otel_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "20000")
         otel_env.setenv("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "300")
-        before = dict(rt.export_errors)
-        grew = lambda k: rt.export_errors.get(k, 0) - before.get(k, 0)  # noqa: E731
+        before = dict(rt.counters.export_errors)
+        grew = lambda k: rt.counters.export_errors.get(k, 0) - before.get(k, 0)  # noqa: E731
         start(slow, export_interval="100ms")
         with mp.operation("one-span"):
             pass
         # THEN metric exports give up after 300 ms, each counted; span exports still wait (20 s)
-        assert wait_for(lambda: grew("otlp_metrics") >= 2, timeout=8.0), dict(rt.export_errors)
+        assert wait_for(lambda: grew("otlp_metrics") >= 2, timeout=8.0), dict(rt.counters.export_errors)
         assert grew("otlp_traces") == 0
         mp.shutdown(2)
 
         # WHEN the config sets a timeout, it beats both variables
         otel_env.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "20000")
         otel_env.setenv("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "20000")
-        before = dict(rt.export_errors)
+        before = dict(rt.counters.export_errors)
         start(slow, export_interval="100ms", export_timeout="300ms")
         with mp.operation("one-span"):
             pass
         assert wait_for(lambda: grew("otlp_metrics") >= 2 and grew("otlp_traces") >= 1, timeout=8.0), \
-            dict(rt.export_errors)
+            dict(rt.counters.export_errors)
         t0 = time.monotonic()
         mp.shutdown(3)
         assert time.monotonic() - t0 < 4.5
@@ -187,9 +187,9 @@ def test_a_bad_standard_variable_is_counted_and_the_default_kept(otel_env, caplo
     receiver = OtlpReceiver()  # (not over both protocols: a value is counted once per process)
     try:
         otel_env.setenv("OTEL_METRIC_EXPORT_INTERVAL", "15s")   # not milliseconds
-        before = runtime().config_errors["env"]
+        before = runtime().counters.config_errors["env"]
         start(receiver)
-        assert runtime().config_errors["env"] == before + 1
+        assert runtime().counters.config_errors["env"] == before + 1
         assert any("OTEL_METRIC_EXPORT_INTERVAL" in r.getMessage() for r in caplog.records)
         time.sleep(1.0)
         assert receiver.got("/v1/metrics") == []               # the 15 s default kept, not 15 ms
@@ -333,7 +333,7 @@ def test_an_uninstrumented_models_figures_are_collected_once_more_then_dropped(o
         h.uninstrument()
         # /metrics and the watchdog no longer see the model ...
         assert not any(lab["model"] == "gone" for lab, _ in
-                       runtime().series(max_age_s=0).get("memprof_layer_peak_increase_bytes", []))
+                       runtime().scrape.series(max_age_s=0).get("memprof_layer_peak_increase_bytes", []))
         # ... the next OTel collection does, once
         assert layers() == {("gone", ""), ("gone", "0"), ("gone", "1"), ("gone", "2")}
         assert layers() == set()

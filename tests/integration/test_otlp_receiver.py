@@ -40,7 +40,7 @@ ATTRIBUTION = {"window": "1s", "every_n_forwards": 1, "overhead_budget": 1.0}
 @pytest.mark.timeout(60)
 def test_spans_metrics_and_resource_reach_a_real_otlp_receiver(receiver, clean_otel_env):
     # GIVEN monitoring that exports to the receiver every 200 ms
-    errors_before = {k: v for k, v in runtime().export_errors.items() if v}
+    errors_before = {k: v for k, v in runtime().counters.export_errors.items() if v}
     mp.start_monitoring({"service_name": "memprof-it", "sampler": {"interval": "50ms"},
                          "otel": {"endpoint": receiver.url, "protocol": "http/protobuf",
                                   "export_interval": "200ms"}})
@@ -100,7 +100,7 @@ def test_spans_metrics_and_resource_reach_a_real_otlp_receiver(receiver, clean_o
     assert layers == {"", "0", "1", "2"}
     dur = {attrs(p.attributes)["operation"]: p.count for p in last["memprof.operation.duration"].histogram.data_points}
     assert dur == {"load": 1, "generate": 1, "step": 3}
-    assert {k: v for k, v in runtime().export_errors.items() if v} == errors_before  # every export succeeded
+    assert {k: v for k, v in runtime().counters.export_errors.items() if v} == errors_before  # every export succeeded
 
 
 @pytest.mark.timeout(60)

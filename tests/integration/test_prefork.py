@@ -433,7 +433,7 @@ def test_single_port_series_exported_counts_the_whole_answer_and_no_snapshot(tmp
     _until(lambda: own.exists() and b'layer="2"' in own.read_bytes(), 10, "this process's file with the layers")
     # several snapshot renders: none of them is an answer, so the count stays what an earlier
     # answer in this process left (none in a fresh one)
-    before = runtime().series_exported
+    before = runtime().budget.series_exported
     time.sleep(0.3)
     counted = [ln for ln in own.read_bytes().splitlines() if ln.startswith(b"memprof_series_exported")]
     assert counted == ([] if before is None else [b"memprof_series_exported %.1f" % before])

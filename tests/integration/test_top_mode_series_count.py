@@ -21,7 +21,7 @@ from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
-from memprof_otel import runtime as runtime_mod
+from memprof_otel.runtime import runtime
 from memprof_otel.export.fleet_families import LEFT_OUT
 from memprof_otel.metric_names import (DURATION_BUCKETS, FLEET_DURATION_BUCKETS, FLEET_MEMORY_PEAK_BUCKETS,
                                        MEMORY_PEAK_BUCKETS)
@@ -63,7 +63,7 @@ def _pod(monkeypatch: pytest.MonkeyPatch, series: dict[str, Any]) -> Iterator[tu
     monkeypatch.setattr(registry, "NvmlSource", lambda **kw: NvmlSource(nvml=nvml, **kw))
     monkeypatch.setattr(registry, "cuda_allocator", lambda index: src if index == 0 else None)
     monkeypatch.setattr(registry, "device_uuids", lambda: {0: HEX})
-    monkeypatch.setattr(runtime_mod, "_cuda_devices", lambda: [0])
+    monkeypatch.setattr(runtime().sources, "cuda_devices", lambda: [0])
     monkeypatch.setattr(instrument_mod, "_tensor_device", lambda t: torch.device("cuda", 0))
     registry.reset_for_tests()
     model = nn.Sequential(*(DeviceOp(dev, (i + 1) * 4 * MIB) for i in range(8)))

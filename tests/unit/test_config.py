@@ -149,3 +149,12 @@ def test_cuda_reset_peak_stats_defaults_on_and_turns_off_from_every_source():
 def test_service_name_in_effect_follows_the_otel_resource_order(explicit, environ, expected):
     # the order the OTel SDK's resource detectors apply, with an explicit service_name on top
     assert service_name_in_effect(explicit, environ) == expected
+
+
+def test_a_bare_window_keyword_is_the_attribution_window_and_the_black_box_keeps_its_own() -> None:
+    from memprof_otel.config import load_config
+    cfg = load_config(environ={}, window="7s")
+    assert cfg.attribution.window == 7.0
+    assert cfg.blackbox.window != 7.0
+    cfg = load_config(environ={}, blackbox={"window": "9s"})
+    assert cfg.blackbox.window == 9.0 and cfg.attribution.window != 9.0

@@ -3,11 +3,15 @@ torch names that moved, no gRPC stack. Each case runs in a fresh interpreter whe
 (or the optional module) are really gone before ``import memprof_otel``."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -150,7 +154,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
     import logging
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(message)s")
     import memprof_otel as mp
-    from memprof_otel import _torch_compat
+    from memprof_otel.sources import torch_compat as _torch_compat
     from memprof_otel.runtime import runtime
     from memprof_otel.sources import registry
 
@@ -162,7 +166,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
     for _ in range(3):
         assert torch.equal(m(x), ref)       # the model runs exactly as before
     print("layers", sorted(h.layer_stats()))
-    up = {lab["source"]: v for lab, v in runtime().series(max_age_s=0)["memprof_source_up"]}
+    up = {lab["source"]: v for lab, v in runtime().scrape.series(max_age_s=0)["memprof_source_up"]}
     print("ledger_up", up.get("ledger"))
     print("reason", registry.down_reasons().get("ledger"))
     h.uninstrument()
@@ -186,7 +190,7 @@ def test_import_and_instrument_degrade_without_private_torch_names():
 def test_nothing_is_reported_missing_with_the_tested_torch():
     r = _run("""
     import memprof_otel
-    from memprof_otel import _torch_compat
+    from memprof_otel.sources import torch_compat as _torch_compat
     print(_torch_compat.missing())
     """)
     assert r.returncode == 0, r.stderr
@@ -270,12 +274,12 @@ def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
 
 # ---- the test command's install step -----------------------------------------------------------
 
-def _run_install_script(tmp_path: Path, env: dict[str, str], failing_venv: str | None = None) -> list[str]:
-    """scripts/install-and-test.sh run as is, in a copy of the repo layout where each venv's
+def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> tuple[Path, Path]:
+    """A copy of scripts/install-and-test.sh in a copy of the repo layout where each venv's
     ``bin/python`` records its arguments instead of installing (in a log of its own, and in
-    ``order.log`` with the venv's name, in the order the calls came), and promtool/prometheus are
-    present. The main interpreter also records, when pytest starts, the environment the tests get.
-    ``failing_venv`` names a side venv whose pip fails (the script must then fail, saying which)."""
+    ``order.log`` with the venv's name, in the order the calls came). The main interpreter also
+    records, when pytest starts, the environment the tests get. ``failing_venv`` names a side venv
+    whose pip fails. Returns the script and an empty folder for programs to put on PATH."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "install-and-test.sh"
     script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
@@ -298,12 +302,21 @@ def _run_install_script(tmp_path: Path, env: dict[str, str], failing_venv: str |
         f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
         for log_name, key, var in side.values()))
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
+    for f in [bindir / "python", bindir / "lint-imports"]:
+        f.chmod(0o755)
     tools = tmp_path / "tools"
     tools.mkdir()
+    return script, tools
+
+
+def _run_install_script(tmp_path: Path, env: dict[str, str], failing_venv: str | None = None) -> list[str]:
+    """scripts/install-and-test.sh run as is in the layout of ``_install_script_layout``, with
+    promtool/prometheus present. ``failing_venv``: the script must then fail, saying which."""
+    script, tools = _install_script_layout(tmp_path, failing_venv)
+    log = tmp_path / "calls.log"
     for name in ("promtool", "prometheus"):
         (tools / name).write_text("#!/bin/sh\nexit 0\n")
-    for f in [bindir / "python", bindir / "lint-imports", tools / "promtool", tools / "prometheus"]:
-        f.chmod(0o755)
+        (tools / name).chmod(0o755)
     full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "TORCH_SPEC", "RAY_SPEC")}
     full_env.update({"PATH": f"{tools}:{os.environ['PATH']}", **env})
     r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
@@ -353,6 +366,12 @@ def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
     assert torch_line.endswith("torch==2.13.0")
     assert "-e .[all]" in project_line and "--index-url" not in project_line
     assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
+    # two workers, a file's tests on one of them; the caller's options after ours, so theirs win
+    assert " -n 2 --dist loadfile -q -k x" in pytest_line
+
+
+def test_the_two_test_workers_come_from_the_dev_extra():
+    assert any(Requirement(r).name == "pytest-xdist" for r in _project()["optional-dependencies"]["dev"])
 
 
 @pytest.mark.parametrize("venv", [".venv-tf", ".venv-ray"])
@@ -457,3 +476,97 @@ def test_litserve_is_in_no_dependency_list_of_the_package():
     assert not any(r.name == "litserve" for r in _requirements())
     extras = _project()["optional-dependencies"]
     assert not any("litserve" in dep.lower() for deps in extras.values() for dep in deps), extras
+
+
+# ---- the test command's Debian packages: another apt holding its locks ------------------------
+
+_APT_GET = shutil.which("apt-get")
+_needs_apt = pytest.mark.skipif(_APT_GET is None, reason="apt-get is what the script installs with")
+_STATUS_ENTRY = ("Package: {name}\nStatus: install ok installed\nPriority: optional\nSection: misc\n"
+                 "Installed-Size: 1\nMaintainer: nobody <nobody@example.org>\nArchitecture: all\n"
+                 "Version: 1.0\nDescription: stand-in\n stand-in\n\n")
+
+
+def _run_install_script_with_real_apt(tmp_path: Path, installed: tuple[str, ...], hold: str, hold_s: float,
+                                      env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    """The script with no promtool, prometheus nor go on PATH, so that it installs them with the
+    real apt-get, which APT_CONFIG points at a package database of its own under tmp_path (the
+    machine's is never read nor locked): ``installed`` are its installed packages (an install of one
+    of them succeeds with nothing to do), no package list. This process holds apt's lock ``hold``
+    ("lock-frontend", the dpkg lock unattended upgrades hold, or "lists/lock", the one apt-get update
+    takes) for ``hold_s`` seconds from the script's start, with fcntl as apt does. Returns the
+    script's result and how long it ran."""
+    script, tools = _install_script_layout(tmp_path)
+    state, etc = tmp_path / "apt" / "state", tmp_path / "apt" / "etc"
+    for d in (state / "lists" / "partial", tmp_path / "apt" / "cache" / "archives" / "partial",
+              etc / "apt.conf.d", etc / "preferences.d", tmp_path / "apt" / "log"):
+        d.mkdir(parents=True)
+    (etc / "sources.list").write_text("")
+    (state / "status").write_text("".join(_STATUS_ENTRY.format(name=n) for n in installed))
+    conf = tmp_path / "apt" / "apt.conf"
+    conf.write_text("".join(f'Dir::{k} "{tmp_path / "apt" / v}";\n' for k, v in [
+        ("State", "state"), ("State::status", "state/status"), ("Cache", "cache"), ("Etc", "etc"),
+        ("Log", "log")]))
+    # the programs the script runs besides its venvs', and a sudo that runs its command as is
+    for name in ("apt-get", "dirname", "id", "mktemp", "rm", "tail", "sleep", "env"):
+        (tools / name).symlink_to(shutil.which(name))
+    (tools / "sudo").write_text('#!/bin/sh\n[ "$1" != -n ] || shift\nexec "$@"\n')
+    (tools / "sudo").chmod(0o755)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_", "APT_", "LC_", "LANG"))}
+    full_env.update({"PATH": str(tools), "APT_CONFIG": str(conf), "LC_ALL": "C", **env})
+    fd = os.open(state / hold, os.O_RDWR | os.O_CREAT, 0o640)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
+    guard, dropped = threading.Lock(), []
+
+    def drop() -> None:  # closing the file drops the lock; once, from the timer or at the end
+        with guard:
+            if not dropped:
+                os.close(fd)
+                dropped.append(True)
+
+    release = threading.Timer(hold_s, drop)
+    release.start()
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([shutil.which("bash"), str(script), "-q"], capture_output=True, text=True,
+                           timeout=120, env=full_env)
+        elapsed = time.monotonic() - t0
+    finally:
+        release.cancel()
+        drop()
+    return r, elapsed
+
+
+@_needs_apt
+def test_install_script_waits_for_the_dpkg_lock_another_apt_holds(tmp_path: Path):
+    r, elapsed = _run_install_script_with_real_apt(
+        tmp_path, ("prometheus", "golang-go"), "lock-frontend", 3.0, {})
+    assert r.returncode == 0, r.stderr
+    assert elapsed >= 3.0                       # apt waited for the lock, then installed
+    for package in ("prometheus", "golang-go"):
+        line = f"install-and-test.sh: installing {package} with apt-get (waits up to 600s for another apt's lock)"
+        assert r.stderr.count(line) == 1, r.stderr
+    assert (tmp_path / "calls.log").read_text().splitlines()[-1].startswith("-m pytest")
+
+
+@_needs_apt
+def test_install_script_waits_for_the_dpkg_lock_no_longer_than_its_bound(tmp_path: Path):
+    r, elapsed = _run_install_script_with_real_apt(
+        tmp_path, ("prometheus", "golang-go"), "lock-frontend", 60.0, {"APT_LOCK_WAIT": "1"})
+    assert r.returncode == 100, r.stderr        # apt-get's own failure, after its bounded waits
+    assert "Unable to acquire the dpkg frontend lock" in r.stderr
+    assert "waits up to 1s" in r.stderr
+    assert 2.0 <= elapsed < 30.0                # two installs waited 1 s each, far less than the hold
+    assert not (tmp_path / "calls.log").exists()  # nothing else ran
+
+
+@_needs_apt
+def test_install_script_retries_the_package_lists_update_while_another_apt_holds_its_lock(tmp_path: Path):
+    # no package is installed nor listed: the first install fails at once, apt-get update must wait
+    # for the lists' lock (which DPkg::Lock::Timeout does not cover) and then run, and the second
+    # install fails on the package alone
+    r, elapsed = _run_install_script_with_real_apt(tmp_path, (), "lists/lock", 3.0, {})
+    assert r.returncode == 100, r.stderr
+    assert elapsed >= 3.0
+    assert "Unable to locate package prometheus" in r.stderr
+    assert "Could not get lock" not in r.stderr

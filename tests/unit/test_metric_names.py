@@ -101,7 +101,8 @@ def test_reference_metric_tables_are_parsed():
     assert doc["memprof_layer_forward_seconds"].kind == "summary"
     assert doc["memprof_layer_peak_increase_bytes"].labels == ("model", "layer", "device")
     assert doc["memprof_layer_peak_increase_bytes"].otel == "memprof.layer.peak_increase"
-    assert doc["memprof_build_info"].unit == "" and doc["memprof_build_info"].labels == ("version", "torch_version")
+    assert doc["memprof_build_info"].unit == "" and doc["memprof_build_info"].labels == (
+        "version", "torch_version", "keras_version", "tensorflow_version", "jax_version", "service_version")
 
 
 def test_every_documented_metric_is_in_the_catalog_as_documented():

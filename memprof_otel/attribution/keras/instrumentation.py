@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import weakref
 from typing import Any, Callable
@@ -31,7 +30,7 @@ from ...errors import CaptureUnsupported, InstrumentationError
 from ...sources.base import HotCounter
 from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
-from ..instrumentation import Instrumentation
+from ..instrumentation import ForwardRecord, Instrumentation
 from ..keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
 from ..open_forwards import OpenForwards
 from .. import kernel_reading
@@ -46,16 +45,9 @@ _perf_counter = time.perf_counter
 _OPEN = OpenForwards()
 
 
-class _ThreadLocal(threading.local):
-    depth = 0                          # calls of the root open on this thread (1 when not nested)
-    state: ForwardState | None = None  # the forward this thread's root call opened, if measured
-    sink: ForwardState | None = None   # the same while layer calls go to it (not a root reading)
-    capture: Capture | None = None     # the capture this forward belongs to, if one claimed it
-    start_s = 0.0
-    self_time_s = 0.0
-    opened = 0                         # the forward's opening number (OpenForwards.open)
+class _ThreadLocal(ForwardRecord):
+    sink: ForwardState | None = None   # the forward while layer calls go to it (not a root reading)
     overlapped = False
-    shape: dict[str, int] | None = None
 
 
 class KerasInstrumentation(Instrumentation):
@@ -114,6 +106,10 @@ class KerasInstrumentation(Instrumentation):
             return f"none: {self._no_figures}"
         how = self._how
         return f"{self._method} ({how})" if how else self._method
+
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        model = self._model_ref()
+        return list(keras_layer_paths(model)) if model is not None else []
 
     def object_paths(self) -> dict[int, str]:
         model = self._model_ref()
@@ -200,21 +196,7 @@ class KerasInstrumentation(Instrumentation):
         if counter is None:
             return
         try:
-            cap = self._capture
-            if cap is not None and cap.claim():
-                tls.capture = cap  # released in _close whatever happens next
-            if tls.capture is not None or self.scheduler.should_attribute():
-                state = self._new_state(counter, key, path, root_only=False)
-                self._notify(lambda obs: obs.forward_begin(self, state))
-                tls.state = tls.sink = state
-                if tls.capture is not None:
-                    state.listener = tls.capture
-                    tls.capture.forward_started(t, self._capture_operation())
-            elif not path and self.capacity is not None and self.config.capacity.root_readings:
-                # a forward left plain, read at its root only, for the memory model: two reads
-                tls.state = self._new_state(counter, key, path, root_only=True)
-            if tls.state is not None and not path and self.capacity is not None:
-                tls.shape = self._shape(args, kwargs)  # the model's shapes: a layer's own are not
+            self._choose_measurement(tls, key, path, t, args, kwargs)
             if tls.state is not None:
                 tls.state.begin(t)
                 if tls.shape:  # on CPU, the forward's rise of the process's resident memory too;
@@ -223,6 +205,20 @@ class KerasInstrumentation(Instrumentation):
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
+
+    def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
+        tls = self._tls
+        tls.capture = cap  # released in _close whatever happens next
+        state = self._new_state(self._counter, opener, path, root_only=False)  # type: ignore[arg-type]
+        self._notify(lambda obs: obs.forward_begin(self, state))
+        tls.state = tls.sink = state
+        if cap is not None:
+            state.listener = cap
+            cap.forward_started(t, self._capture_operation())
+
+    def _begin_root_reading(self, opener: Any, t: float) -> None:
+        # a forward left plain, read at its root only, for the memory model: two reads
+        self._tls.state = self._new_state(self._counter, opener, "", root_only=True)  # type: ignore[arg-type]
 
     def _new_state(self, counter: HotCounter, key: int, path: str, root_only: bool) -> ForwardState:
         state = ForwardState(self._paths, key, path, counter, self._origin_s, 0, self._count_error,
@@ -253,11 +249,7 @@ class KerasInstrumentation(Instrumentation):
             except Exception as e:
                 self._count_error("finish", e)
             self_time += state.self_time_s
-        cap, tls.capture = tls.capture, None
-        if cap is not None:
-            self._captured_forward_ended(cap, _perf_counter(), root)
-        end = _perf_counter()
-        self._forward_ended(state, end - tls.start_s, self_time + end - t, raised, exc)
+        self._end_forward(tls, state, t, self_time, root, raised, exc)
 
 
 class _NoInstanceCall:

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Protocol
 
-from ..._torch_compat import is_compiling
+from ...sources.torch_compat import is_compiling
 from torch.nn.modules import module as _torch_module
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 

@@ -18,12 +18,12 @@ import torch
 from torch import nn
 
 from . import hooks
-from ... import _torch_compat
+from ...sources import torch_compat as _torch_compat
 from ..._callouts import calls_application
 from ..._log import rate_limited
-from ..._torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
-from ..._torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
-from ..._torch_compat import skip_code as _skip_code
+from ...sources.torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
+from ...sources.torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
+from ...sources.torch_compat import skip_code as _skip_code
 from ...capacity.shapes import ShapeOf
 from ...config import Config
 from ...dumps.capture import Capture
@@ -35,8 +35,8 @@ from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ..attaching import attach_handle, tracked_layers
 from ..forward_state import ForwardState
-from ..instrumentation import Instrumentation
 from .. import kernel_reading
+from ..instrumentation import ForwardRecord, Instrumentation
 from ..open_forwards import OpenForwards
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
@@ -59,17 +59,10 @@ def _share_counter(state: ForwardState, shared: bool) -> None:
     state.overlapped = shared and _OPEN.another_thread_open()
 
 
-class _ThreadLocal(threading.local):
+class _ThreadLocal(ForwardRecord):
     open_key: int | None = None  # id of the module whose call opened this thread's forward
-    depth = 0                    # re-entries of that module (recursion), 1 when plain
-    start_s = 0.0
-    self_time_s = 0.0
-    state: ForwardState | None = None
     mode: LedgerMode | None = None
-    capture: Capture | None = None
     busy = False                 # inside our own hook code (a __del__ must not interleave)
-    opened = 0                   # this forward's place in the process-wide count of openings
-    shape: dict[str, int] | None = None  # the attributed forward's shape features (capacity model)
     flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
@@ -185,6 +178,10 @@ class TorchInstrumentation(Instrumentation):
         if model is not None:
             self._attach(model)
 
+    def layer_objects(self) -> list[tuple[str, Any]]:
+        model = self._model_ref()
+        return _layer_paths(model) if model is not None else []
+
     def object_paths(self) -> dict[int, str]:
         """``id(module) -> module path`` for every module of the model, tracked or not (for a
         Keras model, every Keras layer: the paths its figures are kept under)."""
@@ -227,22 +224,12 @@ class TorchInstrumentation(Instrumentation):
         tls.busy = True
         try:
             if hooks.active_sink() is None:
-                cap = self._capture
                 compiled = (under_dynamo or isinstance(module, _OptimizedModule)
                             or getattr(module, "_compiled_call_impl", None) is not None)
-                if cap is not None and cap.claim():
-                    self._begin(module, path, t, cap, compiled)
-                elif self.scheduler.should_attribute():
-                    self._begin(module, path, t, None, compiled)
-                tls.shape = None
-                if (tls.state is None and not path and self.capacity is not None
-                        and self.config.capacity.root_readings):
-                    # a forward left plain, read at its root only, for the memory model
-                    self._begin_compiled(module, "", t, root_only=True)
-                if tls.state is not None and not path and self.capacity is not None:
-                    tls.shape = self._shape(args, kwargs)
-                    if tls.shape:  # the forward in the units its limit counts (process RSS, CUDA reserved)
-                        tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open())
+                self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
+                if tls.state is not None and tls.shape:
+                    # the forward in the units its limit counts (process RSS, CUDA reserved)
+                    tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open())
             if self._flight:  # the black box: every forward, attributed or not, while in flight
                 st = tls.state
                 shape = tls.shape if st is not None else (
@@ -324,12 +311,7 @@ class TorchInstrumentation(Instrumentation):
             finally:
                 self._abort_attribution()
             self_time += state.self_time_s
-        cap, tls.capture = tls.capture, None
-        end = time.perf_counter()
-        if cap is not None:
-            self._captured_forward_ended(cap, end, None)  # the per-op view weighs the forward
-        self_time += end - t
-        self._forward_ended(state, end - tls.start_s, self_time, raised, exc)
+        self._end_forward(tls, state, t, self_time, None, raised, exc)  # the per-op view weighs a capture
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -387,10 +369,10 @@ class TorchInstrumentation(Instrumentation):
             probes[key] = weakref.ref(t) if t is not None else _NO_TENSOR
         return _tensor_device(t)
 
-    def _begin(self, module: nn.Module, path: str, t: float, cap: Capture | None,
-               compiled: bool = False) -> None:
+    def _begin_attributed(self, module: nn.Module, path: str, t: float, cap: Capture | None,
+                          compiled: bool = False) -> None:
         if cap is not None:
-            self._tls.capture = cap  # released in _root_post whatever happens next
+            self._tls.capture = cap  # released in _close whatever happens next
         if compiled:
             self._begin_compiled(module, path, t)
             return
@@ -451,6 +433,10 @@ class TorchInstrumentation(Instrumentation):
         with self._open_lock:
             self._open[threading.get_ident()] = (state, mode)
         state.begin(t)
+
+    def _begin_root_reading(self, module: nn.Module, t: float) -> None:
+        # a forward left plain, read at its root only, for the memory model
+        self._begin_compiled(module, "", t, root_only=True)
 
     def _activate(self, state: ForwardState) -> None:
         """Tell the observers (one that raises is counted and skipped), then route this thread's

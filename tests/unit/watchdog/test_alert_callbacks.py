@@ -8,7 +8,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from memprof_otel.config import WatchdogConfig, parse_rule
+from memprof_otel.config import WatchdogConfig
+from memprof_otel.watchdog.rules import parse_rule
 from memprof_otel.timeline import Sample
 from memprof_otel.watchdog import adapter
 from memprof_otel.watchdog.adapter import Watchdog

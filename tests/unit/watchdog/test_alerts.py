@@ -4,7 +4,7 @@ import math
 import pytest
 
 from memprof_otel.watchdog.engine import AlertEngine, Transition, condition_holds
-from memprof_otel.config import RULE_OPS, WatchdogRule, parse_rule
+from memprof_otel.watchdog.rules import RULE_OPS, WatchdogRule, parse_rule
 
 RSS = "memprof_process_resident_memory_bytes"
 ALLOC = "memprof_allocator_allocated_bytes"

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import memprof_otel as mp
-from memprof_otel.config import WatchdogConfig, parse_rule
+from memprof_otel.config import WatchdogConfig
+from memprof_otel.watchdog.rules import parse_rule
 from memprof_otel.timeline import Sample
 from memprof_otel.units import format_metric_value
 from memprof_otel.watchdog.adapter import Watchdog

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._log import warn_once  # noqa: F401 - re-exported; it lives in _log so torch-free code can use it
+from .._log import warn_once  # noqa: F401 - re-exported; it lives in _log so torch-free code can use it
 
 log = logging.getLogger("memprof_otel")
 _missing: dict[str, str] = {}

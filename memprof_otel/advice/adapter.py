@@ -1,0 +1,101 @@
+"""The advice rules over what was already measured: the adapter around the pure rules, as
+``watchdog/adapter.py`` wraps ``watchdog/engine.py``.
+
+``Advisor.evidence()`` gathers the ``Evidence`` the rules read (the latest sample's allocator
+figures, every live model's windowed layer peaks, the leak watch's suspects, capacity facts and
+OOM counts) from the objects it was handed; ``report()`` is ``/v1/advice`` and ``mp``'s advice,
+``severity_series`` the ``memprof_advice_severity`` family a scrape merges. Reads what was already
+measured: starts nothing, touches no device, never changes the process.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Callable
+
+from .._log import rate_limited
+from ..attribution.handle import ModelHandle
+from ..attribution.registry import live_handles
+from ..dumps.service import pick_model
+from ..telemetry.leaks import LeakWatch
+from ..telemetry.sampler import Sampler
+from ..telemetry.scrape import Row, ScrapeContext
+from ..telemetry.series import LayerView
+from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
+from .report import AdviceReport, build_report, severity_by_id
+from .rules import advise
+
+
+class Advisor:
+    """``sampler`` and ``leaks``: the running sampler and leak watch, if any; ``layer_views``: the
+    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter)."""
+
+    def __init__(self, sampler: Callable[[], Sampler | None], leaks: Callable[[], LeakWatch | None],
+                 layer_views: Callable[[], list[LayerView]], extra_ooms: Mapping[str, int],
+                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
+        self._sampler = sampler
+        self._leaks = leaks
+        self._layer_views = layer_views
+        self._extra_ooms = extra_ooms
+        self._handles = handles
+
+    def capacity_facts(self, views: list[LayerView] | None = None) -> list[CapacityFacts]:
+        """Per model and device: the memory it may use, what is in use, the peak predicted for the
+        largest recent request and the largest safe batch per sequence length. The capacity model
+        fills it: a model that cannot answer yet (too few shapes, no limit known) has none, and the
+        near-limit advice stays silent about it. ``views``: the layer views a scrape already took
+        (their figures, not computed again)."""
+        views = self._layer_views() if views is None else views
+        out = []
+        for v in views:
+            f = v.capacity
+            if f is None or f.budget is None or f.headroom is None or f.predicted_peak is None:
+                continue
+            out.append(CapacityFacts(v.model, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
+                                     int(f.predicted_peak), int(f.headroom), dict(f.max_safe_batch)))
+        return out
+
+    def evidence(self, views: list[LayerView] | None = None) -> Evidence:
+        """What the advice rules read, taken now. ``views``: the layer views a scrape already took."""
+        sampler = self._sampler()
+        latest = sampler.latest() if sampler is not None else None
+        views = self._layer_views() if views is None else views
+        models = [ModelLayers(v.model, v.device, {k: f.peak_increase for k, f in v.peaks.items()})
+                  for v in views if v.peaks]  # no attributed forward yet: nothing to cite
+        watch = self._leaks()
+        running = sampler is not None and sampler.running
+        watching = watch is not None and watch.cfg.enabled and running
+        suspects = [LeakSuspect(s["source"], s["model"], s["layer"], s["device"],
+                                float(s["trend"]["slope_bytes_per_second"]), float(s["trend"]["growth_bytes"]),
+                                float(s["trend"]["window_seconds"]), s["last_bytes"])
+                    for s in (watch.report(1)["suspects"] if watching and watch is not None else [])]
+        return Evidence(sampled=latest is not None, allocators=dict(latest.allocators) if latest is not None else {},
+                        models=tuple(models), instrumented=tuple(sorted(v.model for v in views)), leak_watch=watching,
+                        leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts(views)),
+                        extra_ooms=dict(self._extra_ooms))
+
+    def report(self, model: str | None = None, min_severity: str = "info") -> AdviceReport:
+        """The advice rules over ``evidence()``: at or above ``min_severity`` (ValueError for an
+        unknown one); with ``model``, about that model and its device (UnknownModel for a model not
+        instrumented). Never changes the process: acting on it is the caller's choice."""
+        device = None
+        if model is not None:
+            live = self._handles()
+            pick_model(live, model)  # raises UnknownModel, naming the models there are
+            device = live[model].last_device
+        return build_report(self.evidence(), model, min_severity, device)
+
+    def severity_series(self, scrape: ScrapeContext) -> Mapping[str, Iterable[Row]]:
+        """``memprof_advice_severity``: each firing rule's level, over the scrape's layer views (a
+        series contributor). A rule that fails never costs the scrape."""
+        try:
+            levels = severity_by_id(advise(self.evidence(scrape.views)))
+        except Exception as e:
+            rate_limited.warning("advice-series", "memprof_otel: the advice rules failed (%r); "
+                                 "memprof_advice_severity left out of this scrape", e)
+            levels = {}
+        if not levels:
+            return {}
+        return {"memprof_advice_severity": [({"id": rid}, level) for rid, level in sorted(levels.items())]}
+
+
+__all__ = ["Advisor"]

@@ -1,0 +1,139 @@
+"""Two baselines compared: the figures that changed, ranked by bytes, the layers added, removed and
+renamed, what differs in the environment, and which changes exceed the thresholds a CI job sets.
+
+Only growth fails: a layer whose peak increase or retained bytes grew by more than the relative
+threshold (``fail_above``, 0.02 for 2 %) and by more than the absolute one (``fail_above_bytes``) —
+both where both are set, so that 128 B -> 256 B (+100 %) does not fail a job asking for 2 % and
+64 KiB. A layer added or removed is listed and fails nothing by itself: the root layer (``""``, the
+whole forward) carries what it does to memory. Pure: baselines in, a ``BaselineDiff`` out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .schema import BYTE_FIGURES, FIGURES, Baseline, LayerBaseline
+from .structure import match_renames, subtrees
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """``fail_above``: relative growth (0.02 = 2 %); ``fail_above_bytes``: absolute growth. None: unset.
+    With neither set nothing fails."""
+    fail_above: float | None = None
+    fail_above_bytes: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.fail_above is not None or self.fail_above_bytes is not None
+
+    def exceeded(self, old: int, new: int) -> bool:
+        if not self.any or new <= old:
+            return False
+        delta = new - old
+        if self.fail_above_bytes is not None and delta <= self.fail_above_bytes:
+            return False
+        if self.fail_above is not None and old > 0 and delta <= self.fail_above * old:
+            return False
+        return True  # from 0 any growth is past a relative threshold
+
+
+@dataclass(frozen=True)
+class FigureChange:
+    """One figure of one layer that differs. ``layer`` is its path in the new baseline; ``old_layer``
+    its path in the old one (different when it was renamed). ``relative`` is None from 0."""
+    layer: str
+    old_layer: str
+    figure: str
+    old: int
+    new: int
+    exceeds: bool = False
+
+    @property
+    def delta(self) -> int:
+        return self.new - self.old
+
+    @property
+    def relative(self) -> float | None:
+        return self.delta / self.old if self.old else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "old_layer": self.old_layer, "figure": self.figure, "old": self.old,
+                "new": self.new, "delta": self.delta, "relative": self.relative, "exceeds": self.exceeds}
+
+
+@dataclass(frozen=True)
+class BaselineDiff:
+    old_model: str
+    new_model: str
+    changes: tuple[FigureChange, ...]          # byte figures first, largest |delta| first, then counts
+    added: tuple[LayerBaseline, ...]
+    removed: tuple[LayerBaseline, ...]
+    renamed: tuple[tuple[str, str], ...]       # (old path, new path)
+    environment: dict[str, tuple[str | None, str | None]]  # fact -> (old, new), only those that differ
+    inputs: dict[str, tuple[str | None, str | None]]       # input -> (old, new), only those that differ
+    structure_changed: bool                    # the fingerprints differ
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+    @property
+    def failures(self) -> tuple[FigureChange, ...]:
+        return tuple(c for c in self.changes if c.exceeds)
+
+    @property
+    def unchanged(self) -> bool:
+        return not (self.changes or self.added or self.removed or self.renamed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "old_model": self.old_model, "new_model": self.new_model,
+            "failed": bool(self.failures),
+            "thresholds": {"fail_above": self.thresholds.fail_above,
+                           "fail_above_bytes": self.thresholds.fail_above_bytes},
+            "changes": [c.to_dict() for c in self.changes],
+            "added": [lay.to_dict() for lay in self.added],
+            "removed": [lay.to_dict() for lay in self.removed],
+            "renamed": [{"old": o, "new": n} for o, n in self.renamed],
+            "environment": {k: {"old": o, "new": n} for k, (o, n) in self.environment.items()},
+            "inputs": {k: {"old": o, "new": n} for k, (o, n) in self.inputs.items()},
+            "structure_changed": self.structure_changed,
+        }
+
+
+def _differing(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+
+
+def _rank(c: FigureChange) -> tuple[int, int, str, int]:
+    # bytes before counts, then the largest change (either way) first; ties by path and figure order
+    return (0 if c.figure in BYTE_FIGURES else 1, -abs(c.delta), c.layer, FIGURES.index(c.figure))
+
+
+def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> BaselineDiff:
+    """What changed from ``old`` to ``new`` (see the module docstring for what fails)."""
+    limits = thresholds or Thresholds()
+    old_paths = [lay.path for lay in old.layers]
+    new_paths = {lay.path for lay in new.layers}
+    removed = [p for p in old_paths if p not in new_paths]
+    added = [lay.path for lay in new.layers if lay.path not in set(old_paths)]
+    renamed = match_renames(removed, added,
+                            subtrees({lay.path: lay.signature for lay in old.layers}),
+                            subtrees({lay.path: lay.signature for lay in new.layers}))
+    pairs = [(p, p) for p in old_paths if p in new_paths] + renamed
+    changes: list[FigureChange] = []
+    for old_path, new_path in pairs:
+        a, b = old.layer(old_path), new.layer(new_path)
+        assert a is not None and b is not None
+        for f in FIGURES:
+            if a.figure(f) != b.figure(f):
+                exceeds = f in BYTE_FIGURES and limits.exceeded(a.figure(f), b.figure(f))
+                changes.append(FigureChange(new_path, old_path, f, a.figure(f), b.figure(f), exceeds))
+    gone = {o for o, _ in renamed}
+    came = {n for _, n in renamed}
+    return BaselineDiff(
+        old_model=old.model, new_model=new.model, changes=tuple(sorted(changes, key=_rank)),
+        added=tuple(lay for lay in new.layers if lay.path in set(added) - came),
+        removed=tuple(lay for lay in old.layers if lay.path in set(removed) - gone),
+        renamed=tuple(renamed),
+        environment=_differing(dict(old.environment), dict(new.environment)),
+        inputs=_differing(dict(old.inputs), dict(new.inputs)),
+        structure_changed=old.fingerprint != new.fingerprint, thresholds=limits)

@@ -1,0 +1,1 @@
+"""What memprof-otel gives a test suite: the pytest plugin (``pytest_plugin.py``)."""
