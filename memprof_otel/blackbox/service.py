@@ -387,10 +387,8 @@ class BlackBox:
                 "recording": self._writer is not None, "disabled_reason": self.disabled_reason}
 
     def series(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        # only the reasons seen: the counts are taken once, by the scan at start, before any scrape,
-        # so a series at 0 would never show an increase() anyway (the alert also fires on a series that
-        # appears above 0); and a fleet pays no series for reasons that never happened
-        return {"memprof_postmortems_total": [({"reason": r}, float(n)) for r, n in sorted(self.counts.items()) if n]}
+        # every reason, 0 included; the fleet set leaves the zeros out (export/fleet_families.py)
+        return {"memprof_postmortems_total": [({"reason": r}, float(n)) for r, n in sorted(self.counts.items())]}
 
 
 def span_attributes(doc: Mapping[str, Any]) -> dict[str, Any]:

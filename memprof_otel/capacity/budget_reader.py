@@ -16,6 +16,32 @@ from .budget import Budget, cuda_budget, hami_limit, host_budget, tighter
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
 
 
+_SELF: psutil.Process | None = None
+
+
+def resident_now() -> int | None:
+    """This process's resident size now, read without touching the process source: its reads move
+    the since-reset peak the sampler reports, and a scrape (which asks the capacity figures) must
+    leave the sources alone."""
+    global _SELF
+    try:
+        if _SELF is None or _SELF.pid != os.getpid():
+            _SELF = psutil.Process()
+        return int(_SELF.memory_info().rss)
+    except (psutil.Error, OSError):
+        return None
+
+
+def in_flight_excess() -> int:
+    """What the process gained since the marked forwards in flight began (0 when none is, without
+    a read)."""
+    start = process_hwm.shared().in_flight_start()
+    if start is None:
+        return 0
+    rss = resident_now()
+    return max(0, rss - start) if rss is not None else 0
+
+
 class BudgetReader:
     def __init__(self, margin_ratio: float, margin_bytes: int, ttl_s: float = TTL_S,
                  clock: Callable[[], float] = time.monotonic, limit_bytes: int | None = None) -> None:
@@ -51,11 +77,8 @@ class BudgetReader:
         if device.startswith("cuda"):
             src = registry.cuda_allocator(int(device.partition(":")[2] or 0))
             return src.reading().allocated if src is not None else None
-        proc = registry.process()
-        if proc is None:
-            return None
-        rss = proc.reading().allocated
-        return rss - process_hwm.shared().in_flight_excess(rss)
+        rss = resident_now()
+        return rss - process_hwm.shared().in_flight_excess(rss) if rss is not None else None
 
     def _read(self, device: str) -> tuple[Budget | None, str | None]:
         if device.startswith("cuda"):
@@ -80,7 +103,6 @@ class BudgetReader:
         vm = psutil.virtual_memory()
         # a reading taken while a forward runs holds its transient, which the answer about the next
         # request would count twice: take off what the process gained since the forwards in flight began
-        proc = registry.process()
-        excess = process_hwm.shared().in_flight_excess(proc.reading().allocated) if proc is not None else 0
+        excess = in_flight_excess()
         return host_budget(limit, int(working_set) - excess if working_set is not None else None, int(vm.total),
                            int(vm.available) + excess, self.margin_ratio, self.margin_bytes), None

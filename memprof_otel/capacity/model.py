@@ -296,7 +296,9 @@ class MemoryModel:
             return (1 + (st.error_ratio if inside else far)) * (1 + st.repeat_ratio) * scale  # type: ignore[operator]
 
         def ok(v: int) -> bool:
-            return st.fit.predict({**fixed, vary: v}) * slack_of(v) + extra <= available_bytes  # type: ignore[union-attr]
+            tensor_upper = st.fit.predict({**fixed, vary: v}) * slack_of(v) / scale  # type: ignore[union-attr]
+            # never below the tensor figure's own upper bound, as predictions are not (service.predict)
+            return max(tensor_upper, tensor_upper * scale + extra) <= available_bytes
 
         if not ok(1):
             return 0

@@ -19,7 +19,7 @@ from .._callouts import calls_application
 from ..config import CapacityConfig
 from ..sources import process_hwm, registry
 from .budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
-from .budget_reader import BudgetReader
+from .budget_reader import BudgetReader, resident_now
 from .model import PREFILL, MemoryModel, Prediction, key_of, regime_of
 from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
 
@@ -101,12 +101,10 @@ class Capacity:
         level, or no such forward was read), and only where the budget's in-use is read now."""
         if self._top is None:
             return 0.0
-        proc = registry.process()
-        if proc is None:
+        if registry.process() is None:  # no process source: the budget's in-use is not read either
             return 0.0
-        try:
-            rss = proc.reading().allocated
-        except Exception:
+        rss = resident_now()
+        if rss is None:
             return 0.0
         rss -= process_hwm.shared().in_flight_excess(rss)
         tensor, level = self._top
@@ -169,7 +167,10 @@ class Capacity:
         feats = checked(features)
         a = self.answering(regime_of(feats), device)
         p = a.model.predict(feats)
-        upper = max(0, int(math.ceil(p.upper_bytes * a.scale + a.extra))) if p.upper_bytes is not None else None
+        # never below the tensor figure's own upper bound: pages the heap kept may be reused (the
+        # credit), but the forward's tensors are a floor the kernel counts whatever the heap held
+        upper = (max(p.upper_bytes, int(math.ceil(p.upper_bytes * a.scale + a.extra)))
+                 if p.upper_bytes is not None else None)
         return dataclasses.replace(p, unit=a.unit, upper_bytes=upper, gap_ratio=a.scale if a.scale > 1.0 else None,
                                    gap_bytes=int(a.extra) if a.extra > 0 else None)
 

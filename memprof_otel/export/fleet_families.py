@@ -42,6 +42,11 @@ LEFT_OUT: frozenset[str] = frozenset({
     "memprof_forwards_unattributed_total", "memprof_dumps_total",
 })
 
+# counters whose samples at 0 the fleet set leaves out: they are counted once, at start, before any
+# scrape (so a 0 never shows an increase()), and their alert also fires on a series that appears
+# above 0; a pod where nothing happened pays no series for them
+ZEROS_LEFT_OUT: frozenset[str] = frozenset({"memprof_postmortems_total"})
+
 # histogram family -> (its full bounds, the fleet's)
 FLEET_BUCKETS: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "memprof_operation_duration_seconds": (DURATION_BUCKETS, FLEET_DURATION_BUCKETS),
@@ -57,4 +62,4 @@ def serves_fleet_set(families: str, every_layer: bool) -> bool:
     return families == FLEET
 
 
-__all__ = ["ALL", "AUTO", "FLEET", "FLEET_BUCKETS", "LEFT_OUT", "serves_fleet_set"]
+__all__ = ["ALL", "AUTO", "FLEET", "FLEET_BUCKETS", "LEFT_OUT", "ZEROS_LEFT_OUT", "serves_fleet_set"]

@@ -23,7 +23,7 @@ from ..metric_names import BY_PROM, METRICS, MetricDef
 from ..telemetry.operation_stats import OperationStats
 from ..telemetry.ranks import process_labels
 from ..telemetry.series import LayerView, Series, layer_forward_series
-from .fleet_families import FLEET_BUCKETS, LEFT_OUT, serves_fleet_set
+from .fleet_families import FLEET_BUCKETS, LEFT_OUT, ZEROS_LEFT_OUT, serves_fleet_set
 from .layer_exposition import LAYER_FAMILIES, render_layer_families
 
 
@@ -83,7 +83,10 @@ class MemprofCollector(Collector):
             elif d.kind == "histogram":
                 yield self._histogram(d, ops, const, FLEET_BUCKETS[d.prom][1] if fleet and d.prom in FLEET_BUCKETS else None)
             else:
-                yield _family(d, series.get(d.prom, ()), const)
+                rows = series.get(d.prom, ())
+                if fleet and d.prom in ZEROS_LEFT_OUT:
+                    rows = [row for row in rows if row[1]]
+                yield _family(d, rows, const)
 
     @staticmethod
     def _histogram(d: MetricDef, ops: dict[str, Any], const: Mapping[str, str],

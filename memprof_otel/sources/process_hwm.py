@@ -164,6 +164,17 @@ class ProcessHighWater:
         with self._lock:
             self._open_starts.pop(mark.generation, None)
 
+    def in_flight_start(self) -> int | None:
+        """The smallest resident size at which a marked forward still in flight began (None when
+        none is): a caller reads the resident size now only when this is not None."""
+        now = time.monotonic()
+        with self._lock:
+            for gen, (_, at) in list(self._open_starts.items()):
+                if now - at > STALE_S:
+                    del self._open_starts[gen]
+            starts = [rss for rss, _ in self._open_starts.values()]
+        return min(starts) if starts else None
+
     def in_flight_excess(self, rss_now: int) -> int:
         """How far ``rss_now`` lies above the resident size at which the marked forwards in flight
         started (0 when none is): the part of a reading taken mid-forward that is that forward's

@@ -228,8 +228,10 @@ class TorchInstrumentation(Instrumentation):
                             or getattr(module, "_compiled_call_impl", None) is not None)
                 self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
                 if tls.state is not None and tls.shape:
-                    # the forward in the units its limit counts (process RSS, CUDA reserved)
-                    tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open())
+                    # the forward in the units its limit counts (process RSS, CUDA reserved); not
+                    # CUDA's under cuda.attribution: trace, whose point is one allocator read a forward
+                    tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
+                                                            cuda=self.config.cuda.attribution != "trace")
             if self._flight:  # the black box: every forward, attributed or not, while in flight
                 st = tls.state
                 shape = tls.shape if st is not None else (
