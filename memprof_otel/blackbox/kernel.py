@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..sources import cgroup_files as cf
-from ..sources.cgroup import find_dirs, memory_limit
+from ..sources.cgroup import find_dirs, memory_limit, read_text
 
 log = logging.getLogger("memprof_otel")
 
@@ -24,18 +24,10 @@ log = logging.getLogger("memprof_otel")
 NEAR_LIMIT_RATIO = 0.95
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 def start_ticks(pid: int | str = "self", proc: str = "/proc") -> int | None:
     """The process's start time in clock ticks after boot (``/proc/PID/stat`` field 22): with the
     pid, what names one process (a pid is reused; a pid and its start time are not)."""
-    text = _read(os.path.join(proc, str(pid), "stat"))
+    text = read_text(os.path.join(proc, str(pid), "stat"))
     if text is None:
         return None
     fields = text[text.rfind(")") + 2:].split()  # the name (field 2) may hold spaces and parens
@@ -47,7 +39,7 @@ def start_ticks(pid: int | str = "self", proc: str = "/proc") -> int | None:
 
 def alive(pid: int, ticks: int | None, proc: str = "/proc") -> bool:
     """Whether process ``pid`` started at ``ticks`` still runs (a zombie does not: it ended)."""
-    text = _read(os.path.join(proc, str(pid), "stat"))
+    text = read_text(os.path.join(proc, str(pid), "stat"))
     if text is None:
         return False
     fields = text[text.rfind(")") + 2:].split()
@@ -78,12 +70,12 @@ def counters(cg: MemoryCgroup | None) -> dict[str, int]:
     if limit is not None:
         out["limit_bytes"] = limit
     if cg.version == 2:
-        ev = cf.parse_flat_keyed(_read(os.path.join(cg.path, "memory.events")) or "")
+        ev = cf.parse_flat_keyed(read_text(os.path.join(cg.path, "memory.events")) or "")
         if "max" in ev:
             out["max_events"] = ev["max"]
     else:
-        ev = cf.parse_flat_keyed(_read(os.path.join(cg.path, "memory.oom_control")) or "")
-        fail = (_read(os.path.join(cg.path, "memory.failcnt")) or "").strip()
+        ev = cf.parse_flat_keyed(read_text(os.path.join(cg.path, "memory.oom_control")) or "")
+        fail = (read_text(os.path.join(cg.path, "memory.failcnt")) or "").strip()
         if fail.isdigit():
             out["max_events"] = int(fail)
     if "oom_kill" in ev:
@@ -93,12 +85,12 @@ def counters(cg: MemoryCgroup | None) -> dict[str, int]:
 
 def oom_kills_at(path: str, version: int) -> int | None:
     """The OOM-kill counter of the cgroup at ``path`` now; None when it is gone or has none."""
-    ev = cf.parse_flat_keyed(_read(os.path.join(path, "memory.events" if version == 2 else "memory.oom_control")) or "")
+    ev = cf.parse_flat_keyed(read_text(os.path.join(path, "memory.events" if version == 2 else "memory.oom_control")) or "")
     return ev.get("oom_kill")
 
 
 def usage(cg: MemoryCgroup) -> int | None:
-    text = (_read(os.path.join(cg.path, "memory.current" if cg.version == 2 else "memory.usage_in_bytes")) or "").strip()
+    text = (read_text(os.path.join(cg.path, "memory.current" if cg.version == 2 else "memory.usage_in_bytes")) or "").strip()
     return int(text) if text.isdigit() else None
 
 
@@ -253,7 +245,7 @@ def clock_ticks() -> int:
 
 def boot_unix() -> float:
     """The wall-clock time of boot (``now - uptime``), for turning start ticks into unix time."""
-    text = (_read("/proc/uptime") or "").split()
+    text = (read_text("/proc/uptime") or "").split()
     try:
         return time.time() - float(text[0])
     except (IndexError, ValueError):

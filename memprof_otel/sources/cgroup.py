@@ -19,7 +19,8 @@ from . import cgroup_files as cf
 LIMIT_TTL_S = 10.0  # limits rarely change; re-reading them each tick would double the reads
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A small kernel file's text (a cgroup's or /proc's), None when it cannot be read."""
     try:
         with open(path, encoding="ascii", errors="replace") as f:
             return f.read()
@@ -35,8 +36,8 @@ class CgroupDirs:
 
 def find_dirs(proc: str = "/proc", sys: str = "/sys", pid: str = "self") -> CgroupDirs:
     """This process's memory and CPU cgroup directories (None each where not found)."""
-    return dirs_from(_read(os.path.join(proc, pid, "cgroup")) or "",
-                     _read(os.path.join(proc, pid, "mountinfo")), sys)
+    return dirs_from(read_text(os.path.join(proc, pid, "cgroup")) or "",
+                     read_text(os.path.join(proc, pid, "mountinfo")), sys)
 
 
 def dirs_from(proc_cgroup: str, mountinfo: str | None, sys: str = "/sys") -> CgroupDirs:
@@ -65,7 +66,7 @@ def memory_limit(d: cf.CgroupDir | None) -> tuple[bool, int | None]:
     name = "memory.max" if d.version == 2 else "memory.limit_in_bytes"
     found, limit = False, None
     for path in (d.path, *d.ancestors):
-        text = _read(os.path.join(path, name))
+        text = read_text(os.path.join(path, name))
         if text is None:
             continue
         found = True
@@ -82,10 +83,10 @@ def cpu_quota_cores(d: cf.CgroupDir | None) -> float | None:
     quota: float | None = None
     for path in (d.path, *d.ancestors):
         if d.version == 2:
-            text = _read(os.path.join(path, "cpu.max"))
+            text = read_text(os.path.join(path, "cpu.max"))
             cores = cf.parse_cpu_max(text) if text is not None else None
         else:
-            q, p = _read(os.path.join(path, "cpu.cfs_quota_us")), _read(os.path.join(path, "cpu.cfs_period_us"))
+            q, p = read_text(os.path.join(path, "cpu.cfs_quota_us")), read_text(os.path.join(path, "cpu.cfs_period_us"))
             cores = cf.parse_cfs_quota(q, p) if q is not None and p is not None else None
         if cores is not None:
             quota = cores if quota is None else min(quota, cores)
@@ -124,7 +125,7 @@ class CgroupSource:
         if mem is None:
             raise SourceUnavailable("no memory cgroup found for this process (/proc/self/cgroup)")
         self._usage_file = os.path.join(mem.path, "memory.current" if mem.version == 2 else "memory.usage_in_bytes")
-        if _read(self._usage_file) is None:
+        if read_text(self._usage_file) is None:
             raise SourceUnavailable(f"memory cgroup usage not readable ({self._usage_file})")
         self.version = mem.version
         self._stat_file = os.path.join(mem.path, "memory.stat")
@@ -144,15 +145,15 @@ class CgroupSource:
         """``memory_usage_bytes``, ``memory_working_set_bytes``, ``oom_kills`` (when the kernel reports it), ``cpu_limit_cores`` (when a quota is
         set). An unreadable file leaves its figures out; never raises."""
         out: dict[str, float] = {}
-        usage_text = _read(self._usage_file)
+        usage_text = read_text(self._usage_file)
         if usage_text is not None and usage_text.strip().isdigit():
             usage = int(usage_text)
             out["memory_usage_bytes"] = float(usage)
-            stat_text = _read(self._stat_file)
+            stat_text = read_text(self._stat_file)
             if stat_text is not None:
                 out["memory_working_set_bytes"] = float(
                     cf.working_set(usage, cf.parse_flat_keyed(stat_text), self.version))
-        events = cf.parse_flat_keyed(_read(self._events_file) or "")
+        events = cf.parse_flat_keyed(read_text(self._events_file) or "")
         if "oom_kill" in events:  # v1 kernels before 4.13 have no oom_kill line: absent, not 0
             out["oom_kills"] = float(events["oom_kill"])
         # the memory limit stays memprof_process_memory_limit_bytes (ProcessSource)

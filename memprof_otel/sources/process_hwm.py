@@ -179,13 +179,8 @@ class ProcessHighWater:
         """How far ``rss_now`` lies above the resident size at which the marked forwards in flight
         started (0 when none is): the part of a reading taken mid-forward that is that forward's
         own transient, so a budget can count the level between forwards."""
-        now = time.monotonic()
-        with self._lock:
-            for gen, (_, at) in list(self._open_starts.items()):
-                if now - at > STALE_S:
-                    del self._open_starts[gen]
-            starts = [rss for rss, _ in self._open_starts.values()]
-        return max(0, rss_now - min(starts)) if starts else 0
+        start = self.in_flight_start()
+        return max(0, rss_now - start) if start is not None else 0
 
     def lifetime_peak(self) -> int:
         """The largest high-water mark read before any reset: the process's peak resident size so
