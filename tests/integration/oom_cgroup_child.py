@@ -71,7 +71,7 @@ def main() -> None:
         doc = h.headroom()
         safe = doc["max_safe_batch"].get(str(LONG))
         say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"],
-            gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], error_ratio=doc["model_fit"]["error_ratio"],
+            gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], credit=doc["reuse_credit_bytes"], error_ratio=doc["model_fit"]["error_ratio"],
             repeat_ratio=doc["model_fit"]["regimes"]["prefill"]["repeat_ratio"],
             predicted=h.predict_peak(batch=safe, seq_len=LONG).to_dict() if safe else None)
         if not safe:
