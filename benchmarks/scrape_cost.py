@@ -149,7 +149,7 @@ def measure(n_layers: int, ep: Endpoint, port: int, scrapes: int, watch: GcWatch
     t_collect, fams = timed(lambda: list(collector.collect()), scrapes)
     from memprof_otel.export.prometheus import make_registry
 
-    full = make_registry(rt)  # layers through prometheus_client too: the path before the fast writer
+    full = make_registry(rt.scrape)  # layers through prometheus_client too: the path before the fast writer
     generic_body = generic_scrape(full)
     def layer_lines_of(b: bytes) -> list[bytes]:  # other families' values move between two scrapes
         return sorted(x for x in b.splitlines() if x.lstrip(b"# HELPTYE").startswith(b"memprof_layer_"))
