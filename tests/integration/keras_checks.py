@@ -88,17 +88,18 @@ def _weighed(doc: dict[str, Any]) -> dict[tuple[str, ...], int]:
     return {tuple(names[i] for i in s): w for s, w in zip(prof["samples"], prof["weights"])}
 
 
-def check_captures(r: dict[str, Any]) -> None:
+def check_captures(r: dict[str, Any], slack: int = 0) -> None:
     """A capture of the Sequential case, in Python and over HTTP: each innermost layer call under
     its Keras path, weighed by its peak increase: at least the Dense's float32 output (batch x
-    units x 4 bytes) and at most its two results (the product and the bias added) alive together."""
+    units x 4 bytes) and at most its two results (the product and the bias added) alive together,
+    up to ``slack`` bytes more (a backend's allocator that counts a reused block whole)."""
     assert r["capture_done"] is True
     doc = r["capture_speedscope"]
     assert doc["profiles"][0]["name"].endswith("peak increase of innermost layer calls")
     assert set(r["capture_weights"]) == INNERMOST["sequential"]
     for path, units in r["dense_units"].items():
         out_bytes = r["batch"] * units * F32
-        assert out_bytes <= r["capture_weights"][path] <= 2 * out_bytes, (path, r["capture_weights"])
+        assert out_bytes <= r["capture_weights"][path] <= 2 * out_bytes + slack, (path, r["capture_weights"])
     assert r["capture_weights"]["inner.act"] >= r["batch"] * 1024 * F32  # the ReLU's own output
     stacks = {("sequential", "d1"), ("sequential", "inner", "inner.d_in"), ("sequential", "inner", "inner.act")}
     assert set(_weighed(doc)) == stacks

@@ -145,7 +145,10 @@ def test_a_capture_weighs_each_innermost_layer_call_in_python_and_over_http(resu
     r = results["sequential"]
     validate_speedscope(r["capture_speedscope"])
     validate_speedscope(r["dump_speedscope"])
-    check_captures(r)
+    # 1 MiB a tensor on every CPU: a capture weighs peak increases, where a reused BFC block counts
+    # whole: 2.97 MiB was counted for inner.d_in's 1 MiB output (at most 2 MiB alive: the product
+    # and the bias added) in one CI run. A missing 1 MiB output still fails the lower bound.
+    check_captures(r, slack=MIB)
 
 
 @pytest.mark.timeout(300)
