@@ -348,6 +348,18 @@ def _sizes_list(v: Any) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _mmap_threshold(v: Any) -> str | int:
+    """``auto``, ``off`` or a size glibc accepts as its mmap threshold (4 KiB to 32 MiB)."""
+    if isinstance(v, str) and v.strip().lower() in ("auto", "off"):
+        return v.strip().lower()
+    if v is False:
+        return "off"
+    n = _size(v)
+    if not 4096 <= n <= 32 << 20:
+        raise ValueError(f"must be auto, off or a size from 4KiB to 32MiB (glibc's range), got {_shown(v)}")
+    return n
+
+
 @dataclass(frozen=True)
 class CapacityConfig:
     """The memory model of each instrumented model: headroom before OOM and the largest safe batch
@@ -370,6 +382,9 @@ class CapacityConfig:
                              "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
+    mmap_threshold: str | int = _f("auto", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
+                                   "a forward's resident memory follows its tensors (auto: 1MiB where a memory "
+                                   "limit is in force; off: keep glibc's dynamic threshold)")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from .export.prometheus import make_registry, render_exposition
 from .export.worker_snapshots import SnapshotWriter
 from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import renew_servers_in_child
-from .sources import registry
+from .sources import mmap_threshold, registry
 from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
@@ -205,6 +205,8 @@ class Runtime:
         self.scrape.contribute("watchdog", ignoring_context(self.watchdog.series))
         self._start_snapshots(cfg, sampler)
         self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
+            mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
         sampler.add_listener(self.blackbox.on_sample)
         self.sampler = sampler
         self.started_unix = time.time()

@@ -17,7 +17,7 @@ from typing import Any, Mapping, NamedTuple
 
 from .._callouts import calls_application
 from ..config import CapacityConfig
-from ..sources import process_hwm, registry
+from ..sources import mmap_threshold, process_hwm, registry
 from .budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
 from .budget_reader import BudgetReader, resident_now
 from .model import PREFILL, MemoryModel, Prediction, key_of, regime_of
@@ -144,6 +144,15 @@ class Capacity:
         segment), so the largest excess of reserved growth over allocated seen is added."""
         if self.kernel_unit == CUDA_RESERVED:
             return Answering(self.model, CUDA_RESERVED, 1.0, float(self.gap_bytes() or 0), None)
+        if self.kernel_unit == PROCESS_RESIDENT and mmap_threshold.state().fixed:
+            # glibc's mmap threshold fixed (sources/mmap_threshold.py): every block over it is mapped
+            # fresh and unmapped at free, so a forward's resident rise is its tensors plus what the
+            # small blocks left in the heap add, a few MiB whatever the batch (measured: 472.9 MiB for
+            # 473.0 MiB of tensors at batch 43): the largest excess seen is added in bytes, and no
+            # credit is taken for heap pages, which blocks over the threshold never reuse
+            gap_bytes = self.gap_bytes()
+            if gap_bytes is not None:
+                return Answering(self.model, PROCESS_RESIDENT, 1.0, float(gap_bytes), None)
         gap = self.gap_ratio()
         if self.kernel_unit is not None and gap is not None:
             scale = max(1.0, gap)
@@ -246,6 +255,7 @@ class Capacity:
         model, unit = a.model, a.unit
         doc: dict[str, Any] = {"device": device, "unit": unit, "unit_note": a.note, "gap_ratio": self.gap_ratio(),
                                "gap_bytes": self.gap_bytes(), "reuse_credit_bytes": int(max(0.0, -a.extra)),
+                               "heap": mmap_threshold.state().to_dict() if device == "cpu" else None,
                                "kernel_readings": self.kernel_readings, "model_fit": model.describe(),
                                "budget": budget.to_dict() if budget is not None else None,
                                "budget_reason": why_no_limit,
