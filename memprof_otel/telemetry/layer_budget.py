@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
+from .._log import rate_limited
 from ..attribution.handle import ModelHandle
 from ..config import SeriesConfig
 from .series import LayerView, Series
@@ -160,6 +161,15 @@ class LayerBudget:
         c = self._config()
         return exports_every_layer(c.layers, c.full_detail_fraction, socket.gethostname(), os.environ)
 
+    def _advised_layers(self) -> Mapping[str, frozenset[str]]:
+        """The advised layers; a failure of the advice rules costs their pinning, never the scrape."""
+        try:
+            return self._advised()
+        except Exception as e:
+            rate_limited.warning("advised-layers", "memprof_otel: the advised layers could not be read (%r); "
+                                 "top mode exports the top layers and leak suspects only", e)
+            return {}
+
     def exported_layers(self, model: str | None = None) -> Keep | None:
         """Model -> the layers it exports per-layer series for (every live model, or ``model``
         alone): the root, the top layers (containers passed over) and the leak suspects and advised
@@ -180,7 +190,7 @@ class LayerBudget:
                 or any(cached[2][n] == 0 < counts[n] for n in counts)):
             every = self.exports_every_layer()
             suspects = self._suspects() if not every else {}
-            advised = self._advised() if not every else {}
+            advised = self._advised_layers() if not every else {}
             keep = None if every else {
                 name: top_layers({p: s.peak_increase for p, s in stats.items()}, c.top_layers,
                                  suspects.get(name, frozenset()) | advised.get(name, frozenset()),

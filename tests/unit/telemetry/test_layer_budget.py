@@ -151,3 +151,13 @@ def test_the_budget_exports_suspects_and_advised_layers_beside_the_working_layer
     # without an advised layer (the default), the working layer and the suspect only
     plain = LayerBudget(lambda: config, lambda: {"gpt2": h}, lambda: {})
     assert plain.exported_layers() == {"gpt2": {"", "lm_head"}}
+
+
+def test_advised_layers_that_cannot_be_read_cost_their_pinning_only() -> None:
+    def broken() -> dict[str, frozenset[str]]:
+        raise RuntimeError("rules failed")
+
+    h = _Handle(GPT2_PEAK, GPT2_RETAINED)
+    config = SeriesConfig(layers="top", top_layers=1, full_detail_fraction=0.0)
+    budget = LayerBudget(lambda: config, lambda: {"gpt2": h}, lambda: {}, broken)
+    assert budget.exported_layers() == {"gpt2": {"", "lm_head"}}
