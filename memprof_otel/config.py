@@ -237,7 +237,8 @@ class PrometheusConfig:
 class SeriesConfig:
     layers: str = _f("auto", _str(choices=("auto", "all", "top")),
                      "per-layer series: all = every tracked layer; top = the root and the top_layers layers "
-                     "with the highest peak increase (every layer stays in /v1/layers, dumps and captures); "
+                     "with the highest peak increase, containers passed over (every layer stays in /v1/layers, "
+                     "dumps and captures); "
                      "auto = top in a Kubernetes pod, all elsewhere")
     top_layers: int = _f(4, _int(0, 10_000), "layers besides the root exported in top mode")
     full_detail_fraction: float = _f(0.0, _float(0.0, 1.0), "in top mode, the fraction of hosts that export "

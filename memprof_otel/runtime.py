@@ -111,7 +111,8 @@ class Runtime:
         self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
-        self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects)
+        self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects,
+                                  lambda: self.advisor.advised_layers())
         self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats,
                                  self.budget, _framework_versions, registry.down_reasons, registry.cuda_uuids)
         self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,

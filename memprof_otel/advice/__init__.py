@@ -11,7 +11,7 @@ from __future__ import annotations
 from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
 from .items import SEVERITIES, Advice, Figure, severity_rank
 from .report import AdviceReport, build_report, severity_by_id
-from .rules import RULE_IDS, advise
+from .rules import RULE_IDS, advise, advised_layer
 
 __all__ = ["RULE_IDS", "SEVERITIES", "Advice", "AdviceReport", "CapacityFacts", "Evidence", "Figure",
-           "LeakSuspect", "ModelLayers", "advise", "build_report", "severity_by_id", "severity_rank"]
+           "LeakSuspect", "ModelLayers", "advise", "advised_layer", "build_report", "severity_by_id", "severity_rank"]

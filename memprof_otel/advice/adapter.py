@@ -22,7 +22,7 @@ from ..telemetry.scrape import Row, ScrapeContext
 from ..telemetry.series import LayerView
 from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
 from .report import AdviceReport, build_report, severity_by_id
-from .rules import advise
+from .rules import advise, advised_layer
 
 
 class Advisor:
@@ -50,8 +50,24 @@ class Advisor:
             f = v.capacity
             if f is None or f.budget is None or f.headroom is None or f.predicted_peak is None:
                 continue
-            out.append(CapacityFacts(v.model, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
-                                     int(f.predicted_peak), int(f.headroom), dict(f.max_safe_batch)))
+            b = f.budget
+            out.append(CapacityFacts(v.model, f.device, b.limit, b.usable_bytes, b.in_use_bytes, int(f.predicted_peak),
+                                     int(f.headroom), dict(f.max_safe_batch), limit_bytes=b.limit_bytes,
+                                     held_elsewhere_bytes=b.held_elsewhere_bytes, margin_bytes=b.margin_bytes))
+        return out
+
+    def advised_layers(self) -> dict[str, frozenset[str]]:
+        """Model -> the layers layer-transient-peak names: over the window figures the advice reads
+        now, and over every attributed forward (the all-time figures the series budget ranks by,
+        so the layer stays named between windows). The series budget exports them whatever their
+        rank: a dashboard must show the layer the advice points at."""
+        out = {}
+        for name, h in self._handles().items():
+            named = {advised_layer({k: f.peak_increase for k, f in h.exported_layer_peaks().items()}),
+                     advised_layer({k: s.peak_increase for k, s in h.layer_stats().items()})}
+            kept = frozenset(p for p in named if p is not None)
+            if kept:
+                out[name] = kept
         return out
 
     def evidence(self, views: list[LayerView] | None = None) -> Evidence:

@@ -16,7 +16,20 @@ class CapacityFacts:
     in_use_bytes: int
     predicted_peak_bytes: int           # extra bytes the largest recent request needs at its peak
     headroom_bytes: int                 # usable - in use - predicted peak with its error (negative: would not fit)
-    max_safe_batch: Mapping[int, int]   # sequence length -> largest batch that fits
+    max_safe_batch: Mapping[int, int]   # sequence length -> largest batch that fits (0: not even one)
+    limit_bytes: int = 0                # the limit itself (usable = limit - held elsewhere - margin)
+    held_elsewhere_bytes: int = 0       # CUDA: other processes and this one's non-allocator memory
+    margin_bytes: int = 0               # kept free (capacity.margin_ratio / capacity.margin_bytes)
+
+    @property
+    def available_bytes(self) -> int:
+        """What one more request could take now: usable - in use (negative: already over)."""
+        return self.usable_bytes - self.in_use_bytes
+
+    @property
+    def request_bytes(self) -> int:
+        """The largest recent request's need at its peak with its error: what headroom takes off."""
+        return self.available_bytes - self.headroom_bytes
 
 
 @dataclass(frozen=True)

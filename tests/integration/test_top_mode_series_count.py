@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -54,7 +55,8 @@ class DeviceOp(nn.Module):
 
 
 def _pod(monkeypatch: pytest.MonkeyPatch, series: dict[str, Any]) -> Iterator[tuple[str, int]]:
-    """(the endpoint's URL, the model's layers) of a served GPU pod that ran one operation name."""
+    """(the endpoint's URL, the model's layers) of a served GPU pod that ran one operation name.
+    ``_ANOTHER`` runs the model under a second operation name in it."""
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")   # series.layers auto: top in a pod
     dev = ScriptedCudaAllocatorDouble(0)
     src = CudaAllocatorSource(0, stats_fn=dev.memory_stats_nested, reset_peak_fn=dev.reset_peak)
@@ -76,12 +78,21 @@ def _pod(monkeypatch: pytest.MonkeyPatch, series: dict[str, Any]) -> Iterator[tu
                 model(torch.zeros(1))
         # the sampler has read the GPU and the allocator of cuda:0 at least once
         wait_until(lambda: "memprof_gpu_memory_used_bytes{" in httpx.get(f"{srv.url}/metrics").text, 10)
+        _ANOTHER[srv.url] = lambda: _run_as(model, "rerank")
         yield srv.url, len(h.layer_stats())
     finally:
         h.uninstrument()
         srv.close()
         mp.shutdown(2)
         registry.reset_for_tests()
+
+
+_ANOTHER: dict[str, Any] = {}
+
+
+def _run_as(model: nn.Module, name: str) -> None:
+    with mp.operation(name):
+        model(torch.zeros(1))
 
 
 @pytest.fixture
@@ -158,3 +169,32 @@ def test_every_family_and_the_full_operation_buckets_are_one_setting_away(full_b
     assert per_family["memprof_operation_memory_peak_bytes"] == len(MEMORY_PEAK_BUCKETS) + 3
     assert per_family["memprof_operation_memory_peak_increase_bytes"] == len(MEMORY_PEAK_BUCKETS) + 3
     assert LEFT_OUT <= _families(samples)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_number(pattern: str) -> int:
+    found = re.search(pattern, " ".join(README.read_text(encoding="utf-8").split()))
+    assert found, pattern
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("fixture, said", [
+    ("top_pod", r"bounds each \(a subset of the full ones, so each kept bucket's count is exact; (\d+) series an "
+                r"operation name\)"),
+    ("full_buckets_pod", r"each operation name is (\d+) series with the full buckets"),
+])
+def test_one_more_operation_name_adds_the_series_the_readme_says(fixture: str, said: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """Counted on a real scrape: the samples a second operation name adds, and the README's figure."""
+    url, _ = request.getfixturevalue(fixture)
+    before = _samples(url)
+    _ANOTHER[url]()
+    after = _samples(url)
+    added = [s for s in after if s.labels.get("operation") == "rerank"]
+    assert added and not [s for s in before if s.labels.get("operation") == "rerank"]
+    # nothing else moved in number: the new name's rows are the whole difference
+    others = Counter(s.name for s in after if s.labels.get("operation") != "rerank")
+    assert others == Counter(s.name for s in before), sorted((others - Counter(s.name for s in before)).items())
+    assert len(after) - len(before) == len(added) == _readme_number(said)

@@ -231,7 +231,8 @@ class TorchInstrumentation(Instrumentation):
                     # the forward in the units its limit counts (process RSS, CUDA reserved); not
                     # CUDA's under cuda.attribution: trace, whose point is one allocator read a forward
                     tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
-                                                            cuda=self.config.cuda.attribution != "trace")
+                                                            cuda=self.config.cuda.attribution != "trace",
+                                                            level=getattr(tls.state, "base_allocated", None))
             if self._flight:  # the black box: every forward, attributed or not, while in flight
                 st = tls.state
                 shape = tls.shape if st is not None else (
