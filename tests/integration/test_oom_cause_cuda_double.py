@@ -92,8 +92,9 @@ def test_a_request_far_over_the_safe_batch_is_too_big_and_names_the_safe_batch(d
     assert n == h.headroom()["max_safe_batch"]["128"] and 1 <= n < big
     assert peak(n, 128) <= CAP
     assert f"lower the batch to {n}" in cause["knob"]
-    # the failure itself, read back from torch's message: the segment the allocator asked for
-    assert f["requested_bytes"] == segment_size(peak(big, 128))
+    # the failure itself, read back from torch's message: the segment the allocator asked for, which
+    # the message prints with two decimals of GiB
+    assert abs(f["requested_bytes"] - segment_size(peak(big, 128))) <= 0.005 * GIB
 
     advice = {a.id: a for a in runtime().advisor.report().advice}
     item = advice["oom-cause"]

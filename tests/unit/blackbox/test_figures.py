@@ -4,8 +4,13 @@ outside the allocator the resident memory outside the heap; a GPU forward's pred
 only an OOM kill claims a memory cause."""
 from __future__ import annotations
 
+import jsonschema
+
 from memprof_otel.blackbox.figures import cause_of, oom_figures
 from memprof_otel.blackbox.format import Contents, Layout
+from memprof_otel.blackbox.service import postmortem
+from memprof_otel.cli.postmortem import render
+from memprof_otel.http.openapi import openapi_document
 
 MIB = 1 << 20
 LIMIT = 700 * MIB
@@ -62,15 +67,17 @@ def test_an_old_record_without_heap_figures_says_what_is_missing():
 
 
 def test_the_post_mortem_document_and_the_cli_text_carry_the_cause():
-    from memprof_otel.blackbox.service import postmortem
-    from memprof_otel.cli.postmortem import render
-
     samples = [tick(10.0, 200 * MIB, 80 * MIB), tick(12.0, 690 * MIB, 565 * MIB)]
     for s in samples:
         s["limit_bytes"] = LIMIT
     doc = postmortem(contents(samples, [FLIGHT]), "oom_kill", ["limit_reached"])
     assert doc["cause"]["cause"] == "request_too_big" and doc["limit_bytes"] == LIMIT
     assert doc["in_flight"][0]["predicted_peak_bytes"] == 2 * MIB and doc["in_flight"][0]["max_safe_batch"] == 90
+    # the document is what the published schema says
+    spec = openapi_document()
+    jsonschema.Draft202012Validator({**spec["components"]["schemas"]["Postmortems"],
+                                     "components": spec["components"]}).validate(
+        {"postmortems": [doc], "skipped_files": {}, "scanning": False, "recording": True})
     text = render({"postmortems": [doc]})
     assert "  cause: request_too_big: the request (batch=3 seq_len=37) rose" in text
     assert f"  knob: {doc['cause']['knob']}" in text
