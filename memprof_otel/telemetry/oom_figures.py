@@ -148,6 +148,9 @@ class OomExplainer:
             if outside is None and samples:
                 outside = _gpu_outside(samples[-1], device)
             baseline = next((v for s in samples if (v := _gpu_outside(s, device)) is not None), None)
+            if baseline is not None:
+                notes.append("outside_baseline_bytes: NVML's use of this process less the allocator's reserve, "
+                             "at the oldest sample held")
         else:
             if samples:
                 outside = _host_outside(samples[-1])

@@ -6,6 +6,7 @@ the allocator's segment snapshot."""
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
 import torch
@@ -107,6 +108,8 @@ def test_a_request_far_over_the_safe_batch_is_too_big_and_names_the_safe_batch(f
         h.uninstrument()
 
 
+@pytest.mark.skipif("expandable_segments:true" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").lower().replace(" ", ""),
+                    reason="expandable segments grow in place: the holes this test carves do not strand memory")
 def test_a_request_no_free_block_could_take_is_fragmentation(fenced):
     cap, kept = fenced
     model, h = learnt("gpu-frag")
@@ -124,12 +127,13 @@ def test_a_request_no_free_block_could_take_is_fragmentation(fenced):
         assert filler > 0
         kept.append(torch.empty(filler, dtype=torch.uint8, device="cuda"))
         torch.cuda.synchronize()
+        x = torch.zeros(4, 128, device="cuda")  # before the counters are read: its block is in them
         request = peak(4, 128)  # 66 MiB: a shape the model has seen
         reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
         free = (reserved - allocated) + max(0, cap - reserved)
         assert largest_free_block() < request <= free, (largest_free_block(), request, free)
         with pytest.raises(torch.OutOfMemoryError), torch.no_grad():
-            model(torch.zeros(4, 128, device="cuda"))
+            model(x)
         cause = last_cause("gpu-frag")
         f = cause["figures"]
         assert cause["cause"] == "fragmentation", cause
