@@ -44,7 +44,7 @@ from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
-from .telemetry.oom_figures import OomExplainer, flight_prediction
+from .telemetry.oom_figures import OomExplainer, flight_prediction, host_leak
 from .telemetry.operations import OperationTracker, current_operation
 from .telemetry.sampled_sources import SampledSources
 from .telemetry.sampler import Sampler
@@ -135,7 +135,7 @@ class Runtime:
         # post-mortems of the processes that left theirs (blackbox/)
         self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
                                  lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)),
-                                 flight_prediction(live_handles))
+                                 flight_prediction(live_handles), host_leak(lambda: self.leaks))
         self.scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given

@@ -1,8 +1,9 @@
 """What a dead process's black box says about the cause of its end: the figures of
 ``oom/cause.py``, read from the decoded file alone (pure). The next process has none of the dead
 one's live state, so every figure comes from what it wrote: the limit and its ticks (resident
-memory, the C heap's in-use bytes), and beside the forward in flight its shape, its predicted peak
-and its largest safe batch (written from payload version 2 on; an older file's forward has none).
+memory, the C heap's in-use bytes, the leak detector's suspect), and beside the forward in flight
+its shape, its predicted peak and its largest safe batch (the suspect and the prediction are written
+from payload version 2 on; an older file has neither).
 
 The kernel kills for the cgroup's limit, which counts the process's memory on the host: the
 figures are the host's. What was held is the resident memory at the last tick before the forward
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..oom.cause import UNKNOWN, Cause, OomFigures, classify
+from ..oom.cause import UNKNOWN, Cause, LeakTrend, OomFigures, classify
 from .classify import OOM_KILL
 from .format import Contents
 
@@ -58,6 +59,20 @@ def start_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any] 
     return before[-1] if before else samples[0]
 
 
+def leak_in(samples: list[dict[str, Any]]) -> LeakTrend | None:
+    """The leak detector's suspect at the last tick that had one (payload version 2)."""
+    for s in reversed(samples):
+        lk = s.get("leak")
+        if isinstance(lk, dict):
+            try:
+                return LeakTrend(str(lk["source"]), str(lk.get("model", "")), str(lk.get("layer", "")),
+                                 str(lk.get("device", "")), float(lk["slope_bytes_per_second"]),
+                                 float(lk["growth_bytes"]), float(lk["window_seconds"]))
+            except (KeyError, TypeError, ValueError):  # a damaged record's suspect: left out
+                return None
+    return None
+
+
 def oom_figures(c: Contents, limit_bytes: int | None) -> OomFigures:
     samples = c.samples
     req = the_request(c)
@@ -81,7 +96,7 @@ def oom_figures(c: Contents, limit_bytes: int | None) -> OomFigures:
         max_safe_batch=_num(req.get("max_safe_batch")) if host and req is not None else None,
         request_rise_bytes=rise, outside_bytes=out_now,
         outside_baseline_bytes=out_then if out_now is not None else None,
-        unit=(req or {}).get("unit") if host else None, notes=tuple(notes))
+        leak=leak_in(samples), unit=(req or {}).get("unit") if host else None, notes=tuple(notes))
 
 
 def cause_of(c: Contents, reason: str, limit_bytes: int | None) -> Cause:

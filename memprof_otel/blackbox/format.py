@@ -35,8 +35,9 @@ from ..errors import BlackBoxFormatError
 MAGIC = b"MPBB"
 VERSION = 1            # the binary layout (header, slots): a reader refuses another
 # what the JSON payloads hold, in the identity slot: 2 adds a forward's prediction to its flight slot
-# (``device``, ``unit``, ``predicted_peak_bytes``, ``max_safe_batch``). Payload keys are only ever
-# added: a reader takes a missing key as not recorded, so files of either version read alike.
+# (``device``, ``unit``, ``predicted_peak_bytes``, ``max_safe_batch``) and the leak detector's suspect
+# to a tick (``leak``). Payload keys are only ever added: a reader takes a missing key as not
+# recorded, so files of either version read alike.
 PAYLOAD_VERSION = 2
 HEADER = struct.Struct("<4sHHIIIIIIQ20xI")  # magic, version, 0, 4 slot sizes, 2 counts, file size, crc
 HEADER_SIZE = 64

@@ -64,7 +64,7 @@ def _usable_dir(folder: Path, private: bool) -> str | None:
     return None
 
 
-def _sample_body(s: Sample, extra: Mapping[str, int]) -> bytes:
+def _sample_body(s: Sample, extra: Mapping[str, Any]) -> bytes:
     d = s.to_dict()
     d.update(extra)
     body = dumps(d)
@@ -135,13 +135,16 @@ class _Flight:
 class BlackBox:
     """``store_json(doc, kind, model)`` stores a dump; ``operation()`` names the operation the
     calling thread is in; ``on_postmortem(doc)`` tells the exporters (an OTel log record);
-    ``predict(model, features)`` a forward's predicted peak and safe batch (``_PREDICTION`` keys)."""
+    ``predict(model, features)`` a forward's predicted peak and safe batch (``_PREDICTION`` keys);
+    ``leak()`` the leak detector's suspect on the host now, if any (written with each tick)."""
 
     def __init__(self, store_json: Callable[[dict[str, Any], str, str], Any],
                  operation: Callable[[], str | None],
                  on_postmortem: Callable[[dict[str, Any]], None] = lambda doc: None,
-                 predict: Callable[[str, Mapping[str, int]], Mapping[str, Any]] = lambda model, features: {}) -> None:
+                 predict: Callable[[str, Mapping[str, int]], Mapping[str, Any]] = lambda model, features: {},
+                 leak: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
         self._store_json = store_json
+        self._leak = leak
         self._operation = operation
         self._predict = predict
         self._on_postmortem = on_postmortem
@@ -353,9 +356,15 @@ class BlackBox:
                 self.start(cfg, service, interval)
             if self._writer is None:
                 return
-        extra = kernel.counters(self._cg)
+        extra: dict[str, Any] = dict(kernel.counters(self._cg))
         if "limit_bytes" not in extra and "memory_limit_bytes" in s.process:
             extra["limit_bytes"] = int(s.process["memory_limit_bytes"])
+        try:
+            leak = self._leak()
+        except Exception:  # a suspect is an extra: the tick is written without it
+            leak = None
+        if leak:
+            extra["leak"] = dict(leak)
         body = _sample_body(s, extra)
         self._predict_flights()
         with self._lock:

@@ -6,7 +6,8 @@ shape, predicted peak and largest safe batch (its memory model), the allocator's
 failure (read back from torch's CUDA message: no reading taken after the unwinding can give it),
 memory outside the allocator now and at the start of the samples held, and the leak detector's
 suspect on the device. ``flight_prediction`` is what the black box writes beside each forward in
-flight, so a process the kernel kills leaves its request's predicted peak and safe batch behind.
+flight, so a process the kernel kills leaves its request's predicted peak and safe batch behind, and
+``host_leak`` the leak suspect it writes with each tick.
 """
 from __future__ import annotations
 
@@ -111,6 +112,23 @@ def leak_on(watch: LeakWatch | None, model: str, device: str) -> LeakTrend | Non
     return best
 
 
+def host_leak(leaks: Callable[[], LeakWatch | None]) -> Callable[[], dict[str, Any] | None]:
+    """What the black box writes with each tick: the suspect on the host (the process's resident
+    memory, the C heap, a layer on CPU) that grew most, or None. The kernel kills for the host's
+    memory, so a GPU's suspects are not the post-mortem's."""
+    def suspect() -> dict[str, Any] | None:
+        watch = leaks()
+        if watch is None or not watch.cfg.enabled:
+            return None
+        best: tuple[float, dict[str, Any]] | None = None
+        for k, tr in watch.trends().items():
+            if tr.suspected and k.device in ("", "cpu") and (best is None or tr.growth > best[0]):
+                best = (tr.growth, LeakTrend(k.source, k.model, k.layer, k.device, tr.slope, tr.growth,
+                                             tr.end - tr.start).to_dict())
+        return best[1] if best is not None else None
+    return suspect
+
+
 class OomExplainer:
     """``samples()``: the sampler's recent samples; ``leaks()``: the running leak watch, if any."""
 
@@ -164,4 +182,4 @@ class OomExplainer:
             leak=leak_on(self._leaks(), h.name, device), unit=got.get("unit"), notes=tuple(notes))
 
 
-__all__ = ["OomExplainer", "flight_prediction", "leak_on", "prediction"]
+__all__ = ["OomExplainer", "flight_prediction", "host_leak", "leak_on", "prediction"]

@@ -81,3 +81,18 @@ def test_the_post_mortem_document_and_the_cli_text_carry_the_cause():
     text = render({"postmortems": [doc]})
     assert "  cause: request_too_big: the request (batch=3 seq_len=37) rose" in text
     assert f"  knob: {doc['cause']['knob']}" in text
+
+
+def test_a_leak_the_detector_suspected_that_took_the_room():
+    # the process grew over minutes before the forward began: what was held already has the leak
+    leak = {"source": "process", "model": "", "layer": "", "device": "", "slope_bytes_per_second": 500_000.0,
+            "growth_bytes": 300.0 * MIB, "window_seconds": 600.0}
+    samples = [tick(10.0, 560 * MIB, 300 * MIB), {**tick(12.0, 690 * MIB, 330 * MIB), "leak": leak}]
+    c = cause_of(contents(samples, [FLIGHT]), "oom_kill", LIMIT)
+    room = LIMIT - 560 * MIB
+    assert c.figures.room_bytes == room and c.figures.leak.growth_bytes == 300 * MIB >= room / 2
+    assert c.figures.request_rise_bytes == 30 * MIB and c.figures.outside_growth_bytes == 100 * MIB
+    assert c.cause == "leak" and "the process's resident memory" in c.summary
+    # a damaged suspect is left out, never a crash
+    samples[-1]["leak"] = {"source": "process"}
+    assert cause_of(contents(samples, [FLIGHT]), "oom_kill", LIMIT).figures.leak is None
