@@ -138,8 +138,9 @@ def test_a_request_no_free_block_could_take_is_fragmentation(fenced):
         f = cause["figures"]
         assert cause["cause"] == "fragmentation", cause
         assert f["requested_bytes"] >= request
-        # torch's message prints two decimals of MiB: the figures agree with the counters within that
-        assert abs(f["reserved_free_bytes"] - (reserved - allocated)) <= MIB
+        # torch's message prints two decimals of MiB, and the retry before the OOM may have released
+        # an empty 2 MiB small-pool segment or two: the figures agree with the counters within that
+        assert abs(f["reserved_free_bytes"] - (reserved - allocated)) <= 4 * MIB
         assert f["free_bytes"] >= f["requested_bytes"]
         assert "expandable_segments:True" in cause["knob"]
     finally:
