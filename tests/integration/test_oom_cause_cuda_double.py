@@ -7,12 +7,14 @@ memory but no free block (the reserve carved into 40 MiB holes) is ``fragmentati
 references are the test's arithmetic on the bytes it scripted."""
 from __future__ import annotations
 
+import jsonschema
 import pytest
 import torch
 from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
+from memprof_otel.http.openapi import openapi_document
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
@@ -70,6 +72,9 @@ def learnt(d: ScriptedCudaAllocatorDouble, name: str) -> tuple[Scaled, mp.Instru
 def last_cause(name: str) -> dict:
     rec = runtime().oom_recorder.records[-1]
     assert rec["model"] == name and rec["device"] == "cuda:0"
+    spec = openapi_document()  # the oom dump's cause is what the published schema says
+    jsonschema.Draft202012Validator({**spec["components"]["schemas"]["OomCause"],
+                                     "components": spec["components"]}).validate(rec["cause"])
     return rec["cause"]
 
 
