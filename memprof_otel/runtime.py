@@ -44,6 +44,7 @@ from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
+from .telemetry.oom_figures import OomExplainer, flight_prediction, host_leak
 from .telemetry.operations import OperationTracker, current_operation
 from .telemetry.sampled_sources import SampledSources
 from .telemetry.sampler import Sampler
@@ -116,7 +117,7 @@ class Runtime:
         self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats,
                                  self.budget, _framework_versions, registry.down_reasons, registry.cuda_uuids)
         self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,
-                               self.counters.extra_ooms)
+                               self.counters.extra_ooms, last_oom_cause=self._last_oom_cause)
         # the families every process has beside the built-in ones; the watchdog's and the leak
         # watch's are registered at each start, with the objects that start builds
         self.scrape.contribute("operations", ignoring_context(self.op_stats.delta_series))
@@ -127,13 +128,15 @@ class Runtime:
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,
-                                        self.dump_service.store_json)
+                                        self.dump_service.store_json,
+                                        OomExplainer(self.samples, lambda: self.leaks))
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
         # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
         # post-mortems of the processes that left theirs (blackbox/)
         self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
-                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)))
+                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)),
+                                 flight_prediction(live_handles), host_leak(lambda: self.leaks))
         self.scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
@@ -300,6 +303,11 @@ class Runtime:
 
     def _series_config(self) -> SeriesConfig:
         return self.config.series if self.config is not None else SeriesConfig()
+
+    def _last_oom_cause(self) -> dict[str, Any] | None:
+        """The latest OOM's cause: this process's last ``oom`` record or the last OOM kill's post-mortem."""
+        found = [c for c in (self.oom_recorder.last_cause(), self.blackbox.last_cause()) if c is not None]
+        return max(found, key=lambda c: c.get("time") or 0.0) if found else None
 
     def _leak_suspects(self) -> dict[str, frozenset[str]]:
         return self.leaks.suspected_layers() if self.leaks is not None else {}

@@ -10,7 +10,7 @@ measured: starts nothing, touches no device, never changes the process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Callable
+from typing import Any, Callable
 
 from .._log import rate_limited
 from ..attribution.handle import ModelHandle
@@ -20,18 +20,21 @@ from ..telemetry.leaks import LeakWatch
 from ..telemetry.sampler import Sampler
 from ..telemetry.scrape import Row, ScrapeContext
 from ..telemetry.series import LayerView
-from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
+from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers, OomCauseFacts
 from .report import AdviceReport, build_report, severity_by_id
 from .rules import advise, advised_layer
 
 
 class Advisor:
     """``sampler`` and ``leaks``: the running sampler and leak watch, if any; ``layer_views``: the
-    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter)."""
+    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter);
+    ``last_oom_cause()``: the latest OOM's cause (an ``oom`` record's or an OOM kill's post-mortem's)."""
 
     def __init__(self, sampler: Callable[[], Sampler | None], leaks: Callable[[], LeakWatch | None],
                  layer_views: Callable[[], list[LayerView]], extra_ooms: Mapping[str, int],
-                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
+                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles,
+                 last_oom_cause: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
+        self._last_oom_cause = last_oom_cause
         self._sampler = sampler
         self._leaks = leaks
         self._layer_views = layer_views
@@ -87,7 +90,21 @@ class Advisor:
         return Evidence(sampled=latest is not None, allocators=dict(latest.allocators) if latest is not None else {},
                         models=tuple(models), instrumented=tuple(sorted(v.model for v in views)), leak_watch=watching,
                         leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts(views)),
-                        extra_ooms=dict(self._extra_ooms))
+                        extra_ooms=dict(self._extra_ooms), oom_cause=self.oom_cause())
+
+    def oom_cause(self) -> OomCauseFacts | None:
+        """The latest OOM's cause as the rules read it (its byte figures and safe batch)."""
+        doc = self._last_oom_cause()
+        if not doc or not isinstance(doc.get("cause"), str):
+            return None
+        figs = doc.get("figures") or {}
+        numbers = {k: float(v) for k, v in figs.items()
+                   if k.endswith("_bytes") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        n = figs.get("max_safe_batch")
+        return OomCauseFacts(doc["cause"], str(doc.get("summary", "")), str(doc.get("knob", "")),
+                             str(doc.get("source", "oom")), str(doc.get("model") or ""), str(doc.get("device") or ""),
+                             doc.get("time"), numbers, n if isinstance(n, int) else None,
+                             doc.get("dump_id") if isinstance(doc.get("dump_id"), str) else None)
 
     def report(self, model: str | None = None, min_severity: str = "info") -> AdviceReport:
         """The advice rules over ``evidence()``: at or above ``min_severity`` (ValueError for an

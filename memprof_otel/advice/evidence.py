@@ -54,6 +54,22 @@ class LeakSuspect:
 
 
 @dataclass(frozen=True)
+class OomCauseFacts:
+    """The cause of the latest out-of-memory (``oom/cause.py``): from an ``oom`` record of this
+    process or the post-mortem of one the kernel OOM-killed."""
+    cause: str                          # request_too_big | fragmentation | outside_allocator | leak | static_over_limit | unknown
+    summary: str
+    knob: str
+    source: str                         # oom | postmortem
+    model: str
+    device: str
+    time: float | None
+    figures: Mapping[str, float]        # the byte figures that decided it (``..._bytes``)
+    max_safe_batch: int | None = None
+    dump_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything the rules look at. ``allocators``: device ("cpu", "cuda:0") -> the allocator
     figures of the latest sample (``sources/cuda_stats.py`` / ``sources/glibc.py`` keys);
@@ -66,3 +82,4 @@ class Evidence:
     leak_suspects: Sequence[LeakSuspect] = ()
     capacity: Sequence[CapacityFacts] = ()
     extra_ooms: Mapping[str, int] = field(default_factory=dict)
+    oom_cause: OomCauseFacts | None = None              # the latest OOM's cause, if one was seen

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..units import format_bytes
-from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
+from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers, OomCauseFacts
 from .items import Advice, Figure, severity_rank
 
 MIB = 1024 * 1024
@@ -383,12 +383,38 @@ def near_limit(ev: Evidence) -> Iterable[Advice]:
                      "serve fewer concurrent requests on this device.")
 
 
+# ---- the last out-of-memory ---------------------------------------------------------------------
+
+_CAUSE_WORDS = {"request_too_big": "a request too big for the limit", "fragmentation": "fragmentation",
+                "outside_allocator": "memory outside the allocator", "leak": "a leak",
+                "static_over_limit": "static memory over the limit", "unknown": "no cause the figures show"}
+
+
+def oom_cause(ev: Evidence) -> Iterable[Advice]:
+    c: OomCauseFacts | None = ev.oom_cause
+    if c is None or c.cause == "unknown":
+        return  # an unknown cause has no knob to give: the oom advice and the record say what is known
+    figures = {k: Figure(v, "bytes") for k, v in sorted(c.figures.items())}
+    if c.max_safe_batch is not None:
+        figures["max_safe_batch"] = Figure(c.max_safe_batch, "batch")
+    if not figures:
+        return
+    where = ("the process the kernel OOM-killed" if c.source == "postmortem" else f"{c.model} on {c.device}")
+    yield Advice(
+        id="oom-cause", severity="critical",
+        title=f"the last out-of-memory ({where}) was {_CAUSE_WORDS.get(c.cause, c.cause)}: {c.summary}",
+        source="OOM record (GET /v1/dumps, kind oom)" if c.source == "oom" else "post-mortem (GET /v1/postmortem)",
+        context={"cause": c.cause, "model": c.model, "device": c.device,
+                 **({"dump_id": c.dump_id} if c.dump_id else {})},
+        figures=figures, action=c.knob[:1].upper() + c.knob[1:] + ".")
+
+
 Rule = Callable[[Evidence], Iterable[Advice]]
 RULES: tuple[Rule, ...] = (cuda_fragmentation, cache_slack, alloc_retries_and_ooms, glibc_arena_free,
-                           layer_transient_peak, leak_suspect, near_limit)
+                           layer_transient_peak, leak_suspect, near_limit, oom_cause)
 # every id an advice can have (alloc_retries_and_ooms answers two): the docs have one section each
 RULE_IDS: tuple[str, ...] = ("cuda-fragmentation", "cache-slack", "glibc-arena-free", "layer-transient-peak",
-                             "near-limit", "leak-suspect", "alloc-retries", "oom")
+                             "near-limit", "leak-suspect", "alloc-retries", "oom", "oom-cause")
 
 
 def advise(ev: Evidence) -> list[Advice]:

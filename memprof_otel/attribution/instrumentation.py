@@ -60,6 +60,7 @@ class ForwardRecord(threading.local):
     self_time_s = 0.0
     opened = 0                         # the forward's opening number (OpenForwards.open)
     shape: Features | None = None      # the measured root forward's shape features (memory model)
+    features: Features | None = None   # the forward's shape wherever it was read (an OOM's cause cites it)
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -321,6 +322,13 @@ class Instrumentation:
         """What the per-layer figures are read from, or why there are none (``/v1/status``)."""
         return self.attribution_method
 
+    def forward_features(self) -> Features | None:
+        """The shape of the forward this thread runs or is closing, where it was read at its opening
+        (for the memory model or the black box; None otherwise): the OOM recorder, an observer
+        called as the forward closes, cites it in the OOM's cause."""
+        tls = getattr(self, "_tls", None)
+        return getattr(tls, "features", None)
+
     def add_observer(self, observer: ForwardObserver) -> None:
         """Hear of this handle's forwards and captures (``handle.ForwardObserver``); the composition root
         adds the OOM recorder and the OTel recorder."""
@@ -436,6 +444,7 @@ class Instrumentation:
             self._begin_root_reading(opener, t)
         if tls.state is not None and not path and self.capacity is not None:
             tls.shape = self._shape(args, kwargs)
+        tls.features = tls.shape
 
     def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
         """Start measuring this thread's forward per layer (``cap``: the capture that claimed it)."""

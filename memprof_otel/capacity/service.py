@@ -232,6 +232,20 @@ class Capacity:
         others = self._fixed_others(shapes, {BATCH, SEQ_LEN})
         return a.model.max_safe(available, {**others, BATCH: batch}, SEQ_LEN, scale=a.scale, extra=a.extra)
 
+    def max_safe_batch_for(self, features: Mapping[str, int], device: str = "cpu") -> int | None:
+        """The largest batch that fits now with the request's other features as they are (its
+        seq_len, its cache): the knob an OOM's cause names. None without a budget, a ``batch``
+        feature or an answer from the model."""
+        feats = checked(features)
+        if BATCH not in feats:
+            return None
+        budget, _ = self.budgets.read(device)
+        if budget is None:
+            return None
+        a = self.answering(regime_of(feats), device)
+        fixed = {k: v for k, v in feats.items() if k != BATCH}
+        return a.model.max_safe(budget.available_bytes, fixed, BATCH, scale=a.scale, extra=a.extra)
+
     def figures(self, device: str, now_unix: float | None = None) -> CapacityFigures:
         now = time.time() if now_unix is None else now_unix
         budget, _ = self.budgets.read(device)

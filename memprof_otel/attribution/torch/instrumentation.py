@@ -221,6 +221,7 @@ class TorchInstrumentation(Instrumentation):
         tls.start_s = t
         tls.opened = _OPEN.open()
         tls.state = None
+        tls.features = None
         tls.busy = True
         try:
             if hooks.active_sink() is None:
@@ -237,6 +238,7 @@ class TorchInstrumentation(Instrumentation):
                 st = tls.state
                 shape = tls.shape if st is not None else (
                     self._shape(args, kwargs) if not path and self.capacity is not None else None)
+                tls.features = shape
                 tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
         except Exception as e:
             self._abort_attribution()
