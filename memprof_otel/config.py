@@ -370,6 +370,9 @@ class CapacityConfig:
                              "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
+    max_extrapolation: float = _f(8.0, _float(1.0, 1e6), "how far outside the shapes seen (the requested "
+                                  "size over the largest seen, features multiplied) a max-safe-batch row may lie; "
+                                  "past it the row is not known")
 
 
 @dataclass(frozen=True)
