@@ -248,6 +248,7 @@ class MemoryModel:
         self.observed = 0
         self.mixed_features = 0  # forwards of a kind of call beyond MAX_FAMILIES (not modelled)
         self._bases: dict[frozenset, int] = {}  # names a kind of call gives -> its forwards
+        self._names: frozenset[str] = frozenset()  # every name a kept call gave (implied ones included)
 
     # ---- writing ---------------------------------------------------------------------------
     def observe(self, features: Mapping[str, int], peak_increase: int, retained: int) -> None:
@@ -262,6 +263,8 @@ class MemoryModel:
                 self.mixed_features += 1  # a fifth kind of call: counted, not modelled
                 return
             self._bases[base] = self._bases.get(base, 0) + 1
+            if not self._names.issuperset(features):
+                self._names = self._names | frozenset(features)
             rec = self._shapes.get(key)
             if rec is None:
                 if len(self._shapes) >= self.max_shapes:
@@ -296,6 +299,7 @@ class MemoryModel:
         with self._lock:
             self._shapes.clear()
             self._bases.clear()
+            self._names = frozenset()
             self._version += 1
 
     def kinds(self) -> dict[frozenset, int]:
@@ -396,25 +400,23 @@ class MemoryModel:
                                  f"default features are {names_text(STANDARD - {LOGITS})} (a shape_of gives others)",
                                  tuple(unknown))
             return feats
-        known = set().union(*kinds)
-        with self._lock:
-            known |= {n for r in self._shapes.values() for n in r.features}
+        base = base_of(feats)
+        known = self._names
         if self.standard and SEQ_LEN in known:
-            known |= OPTIONAL  # a model of token inputs: a cache or cut logits are questions it can hear
+            known = known | OPTIONAL  # a model of token inputs: a cache or cut logits are questions it can hear
+        if base in kinds and known.issuperset(features):
+            return feats  # the common case, a few set operations (fits() is asked before every request)
         unknown = sorted(set(features) - known)
-        summary = self.features_text(kinds)
         if unknown:
             raise ShapeError(f"unknown feature{'s' if len(unknown) > 1 else ''} {names_text(unknown)}: "
-                             f"{summary}", tuple(unknown))
-        base = base_of(feats)
-        if base in kinds:
-            return feats
+                             f"{self.features_text(kinds)}", tuple(unknown))
         wider = sorted((b for b in kinds if base < b), key=lambda b: -kinds[b])
         if wider:
             missing = sorted(wider[0] - base)
-            raise ShapeError(f"missing feature{'s' if len(missing) > 1 else ''} {names_text(missing)}: {summary}",
-                             tuple(missing))
-        raise ShapeError(f"no call gave the features {names_text(base)} together: {summary}", tuple(sorted(base)))
+            raise ShapeError(f"missing feature{'s' if len(missing) > 1 else ''} {names_text(missing)}: "
+                             f"{self.features_text(kinds)}", tuple(missing))
+        raise ShapeError(f"no call gave the features {names_text(base)} together: {self.features_text(kinds)}",
+                         tuple(sorted(base)))
 
     def features_text(self, kinds: Mapping[frozenset, int] | None = None) -> str:
         """The names a question must give, for an error message."""

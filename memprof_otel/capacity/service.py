@@ -255,9 +255,15 @@ class Capacity:
         return rows, None
 
     def max_safe_batches(self, available: int, device: str = "cpu") -> dict[int, int]:
-        """Sequence length -> largest safe batch, the rows that are known (the metric's series)."""
-        return {r["seq_len"]: r["batch"] for r in self.table(available, device)[0]
-                if r["seq_len"] is not None and r["batch"] is not None}
+        """Sequence length -> the largest batch known to fit (the metric's series): a row's answer,
+        or where it lies past ``capacity.max_extrapolation``, its ``at_least`` (a lower bound, the
+        safe side); rows not known at all are left out."""
+        out = {}
+        for r in self.table(available, device)[0]:
+            n = r["batch"] if r["batch"] is not None else r["at_least"]
+            if r["seq_len"] is not None and n is not None:
+                out[r["seq_len"]] = n
+        return out
 
     def max_safe_seq_len(self, available: int, batch: int, device: str = "cpu") -> SafeLimit:
         a = self.answering(PREFILL, device)

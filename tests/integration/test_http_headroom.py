@@ -152,7 +152,9 @@ def test_the_gauges_in_metrics_match_the_route(client, learned):
     doc = client.get("/v1/headroom", params={"model": "gpt2"}).json()["models"]["gpt2"]
     table = scrape_values(client, "memprof_capacity_max_safe_batch")
     got = {dict(k)["seq_len"]: v for k, v in table.items() if dict(k)["model"] == "gpt2"}
-    assert got == {k: float(v) for k, v in doc["max_safe_batch"].items() if v is not None}  # rows known
+    # each row's answer, or where it lies past capacity.max_extrapolation, the batch known to fit
+    assert got == {str(r["seq_len"]): float(r["batch"] if r["batch"] is not None else r["at_least"])
+                   for r in doc["max_safe_batch_rows"]}
     err = scrape_values(client, "memprof_capacity_fit_error_ratio")
     assert list(err.values()) == [pytest.approx(doc["model_fit"]["error_ratio"])]
     usable = scrape_values(client, "memprof_capacity_usable_bytes")

@@ -14,7 +14,7 @@ def test_token_tensor_positional_or_keyword():
     assert default_shape_of((ids,), {}) == {"batch": 4, "seq_len": 37}
     assert default_shape_of((), {"input_ids": ids, "attention_mask": torch.ones(9, 9)}) == {"batch": 4, "seq_len": 37}
     assert default_shape_of((), {"inputs_embeds": torch.zeros(2, 5, 8)}) == {"batch": 2, "seq_len": 5}
-    assert default_shape_of((torch.zeros(11),), {}) == {"batch": 1, "seq_len": 11}
+    assert default_shape_of((torch.zeros(11, dtype=torch.long),), {}) == {"batch": 1, "seq_len": 11}
     assert default_shape_of(("text", 3), {}) == {}
     assert default_shape_of((torch.tensor(1.0),), {}) == {}
 
