@@ -386,6 +386,9 @@ class CapacityConfig:
     mmap_threshold: str | int = _f("auto", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
                                    "a forward's resident memory follows its tensors (auto: 1MiB where a memory "
                                    "limit is in force; off: keep glibc's dynamic threshold)")
+    max_extrapolation: float = _f(8.0, _float(1.0, 1e6), "how far outside the shapes seen (the requested "
+                                  "size over the largest seen, features multiplied) a max-safe-batch row may lie; "
+                                  "past it the row is not known")
 
 
 @dataclass(frozen=True)

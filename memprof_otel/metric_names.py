@@ -100,7 +100,8 @@ METRICS: tuple[MetricDef, ...] = (
               "what is in use now and the margin are taken off; below 0 it would not fit now",
               ("model", "device")),
     MetricDef("memprof_capacity_max_safe_batch", "memprof.capacity.max_safe_batch", "{sequence}", "gauge",
-              "Largest batch predicted to fit now at this sequence length (0: not even one)",
+              "Largest batch predicted to fit now at this sequence length (0: not even one); past "
+              "capacity.max_extrapolation times the shapes seen, the largest batch within it (known to fit)",
               ("model", "device", "seq_len")),
     MetricDef("memprof_capacity_fit_error_ratio", "memprof.capacity.fit_error", "1", "gauge",
               "Worst relative error of the memory model on shapes it was not fitted on (leave-one-shape-out)",

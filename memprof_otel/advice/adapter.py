@@ -10,6 +10,7 @@ measured: starts nothing, touches no device, never changes the process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, Callable
 
 from .._log import rate_limited
@@ -111,11 +112,12 @@ class Advisor:
         unknown one); with ``model``, about that model and its device (UnknownModel for a model not
         instrumented). Never changes the process: acting on it is the caller's choice."""
         device = None
+        live = self._handles()
         if model is not None:
-            live = self._handles()
             pick_model(live, model)  # raises UnknownModel, naming the models there are
             device = live[model].last_device
-        return build_report(self.evidence(), model, min_severity, device)
+        report = build_report(self.evidence(), model, min_severity, device)
+        return replace(report, notes=report.notes + tuple(_capacity_notes(live, model)))
 
     def severity_series(self, scrape: ScrapeContext) -> Mapping[str, Iterable[Row]]:
         """``memprof_advice_severity``: each firing rule's level, over the scrape's layer views (a
@@ -129,6 +131,18 @@ class Advisor:
         if not levels:
             return {}
         return {"memprof_advice_severity": [({"id": rid}, level) for rid, level in sorted(levels.items())]}
+
+
+def _capacity_notes(live: Mapping[str, ModelHandle], model: str | None) -> list[str]:
+    """A model whose calls give different features is learnt per kind of call, and near-limit reads
+    one of them: say so, with the names."""
+    out = []
+    for name, h in sorted(live.items()):
+        cap = h.capacity
+        note = cap.model.kinds_note() if cap is not None and model in (None, name) else None
+        if note:
+            out.append(f"model {name!r}: {note}; near-limit reads the kind with the most forwards")
+    return out
 
 
 __all__ = ["Advisor"]

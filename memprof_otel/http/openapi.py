@@ -199,8 +199,18 @@ def _schemas() -> dict[str, Any]:
             "extrapolates": {"type": "boolean"},
             "extrapolation": {"type": "object", "additionalProperties": {"type": ["number", "null"]},
                               "description": "feature -> how many times outside the range seen"},
+            "extrapolation_factor": {"type": ["number", "null"], "description": "the product of extrapolation's "
+                                     "factors: 1.0 inside the shapes seen; the error grows with it"},
             "data_dependent": {"type": "boolean", "description": "forwards of one shape had very different peaks"},
-            "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]}}},
+            "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+            "regime": {"type": ["string", "null"], "description": "the fit that answered (model_fit.regimes)"}}},
+        "SafeLimit": {"type": "object", "required": ["extrapolation_factor", "error_ratio", "reason", "at_least"],
+                      "properties": {
+            "seq_len": {"type": ["integer", "null"]}, "batch": {"type": ["integer", "null"], "minimum": 0},
+            "extrapolation_factor": {"type": ["number", "null"]}, "error_ratio": {"type": ["number", "null"]},
+            "reason": {"type": ["string", "null"], "description": "why the answer is null"},
+            "at_least": {"type": ["integer", "null"], "description": "known to fit, where the answer lies past "
+                         "capacity.max_extrapolation"}}},
         "HeadroomModel": {"type": "object", "required": ["enabled"], "properties": {
             "enabled": {"type": "boolean"}, "reason": {"type": "string"}, "device": {"type": "string"},
             "model_fit": {"type": "object", "required": ["regimes", "error_ratio", "forwards_observed"]},
@@ -214,10 +224,14 @@ def _schemas() -> dict[str, Any]:
             "shape_errors": {"type": "integer"},
             "prediction": _ref("Prediction"), "fits": {"type": ["boolean", "null"]},
             "headroom_bytes": {"type": "integer"},
-            "max_safe_batch": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
-                               "description": "sequence length -> largest batch predicted to fit now"},
-            "max_safe_seq_len": {"type": "object", "properties": {"batch": {"type": "integer"},
-                                                                  "seq_len": {"type": ["integer", "null"]}}}}},
+            "note": {"type": ["string", "null"], "description": "calls of this model give different features"},
+            "max_extrapolation": {"type": "number"},
+            "max_safe_batch": {"type": "object", "additionalProperties": {"type": ["integer", "null"], "minimum": 0},
+                               "description": "sequence length (\"any\": a model without one) -> largest batch "
+                                              "predicted to fit now; null: not known (max_safe_batch_rows says why)"},
+            "max_safe_batch_rows": {"type": "array", "items": _ref("SafeLimit")},
+            "max_safe_batch_reason": {"type": ["string", "null"], "description": "why there are no rows"},
+            "max_safe_seq_len": {"allOf": [_ref("SafeLimit")], "properties": {"batch": {"type": "integer"}}}}},
         "Headroom": {"type": "object", "required": ["models"], "properties": {
             "models": {"type": "object", "additionalProperties": _ref("HeadroomModel")},
             "reason": {"type": "string"}}},
@@ -415,10 +429,11 @@ def openapi_document() -> dict[str, Any]:
                 "or a shape_of's names), the predicted peak, its error, whether it extrapolates and whether it "
                 "fits under the limit now; without, the largest safe batch per sequence length",
                 {"200": "headroom (also before any data: each answer says why it has none)",
-                 "400": "a shape feature that is not a non-negative integer, named", "404": "unknown model", **auth},
+                 "400": "a shape feature that is not a non-negative integer (bad_parameter), or one the model's "
+                        "calls never gave or the question lacks (bad_shape), named", "404": "unknown model", **auth},
                 [_q("model", {"type": "string", "maxLength": 256}, "model name (all models when absent)"),
-                 _q("batch", {"type": "integer", "minimum": 0}, "batch size"),
-                 _q("seq_len", {"type": "integer", "minimum": 0}, "sequence length"),
+                 _q("batch", {"type": "integer", "minimum": 1}, "batch size"),
+                 _q("seq_len", {"type": "integer", "minimum": 1}, "sequence length"),
                  _q("cache_len", {"type": "integer", "minimum": 0}, "tokens already in the KV cache")],
                 schema=_ref("Headroom"))},
             "/v1/advice": {"get": _op(

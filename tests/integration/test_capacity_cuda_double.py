@@ -40,6 +40,11 @@ class Scaled(nn.Module):
         return x
 
 
+def ids(b: int, s: int) -> torch.Tensor:
+    """Token ids (integers): a float (b, s) input is a table of width s, whose memory has no length."""
+    return torch.zeros(b, s, dtype=torch.long)
+
+
 def peak(b: int, s: int) -> int:
     return 4096 * b * s + 1024 * b * s * s
 
@@ -64,7 +69,7 @@ PLAIN = {"attribution": {"enabled": False}}  # the scheduler attributes nothing
 def run_shapes(model: nn.Module) -> None:
     for b in (1, 2, 4, 8):
         for s in (16, 64, 128):
-            model(torch.zeros(b, s))
+            model(ids(b, s))
 
 
 def test_root_readings_feed_the_model_from_forwards_left_plain(dev):
@@ -99,14 +104,14 @@ def test_a_reading_another_forward_ran_inside_is_dropped(dev):
     cfg = {**PLAIN, "capacity": {"root_readings": True}}
     h_in = mp.instrument(inner, name="inner", config=cfg)
     h_out = mp.instrument(outer, name="outer", config=cfg)
-    outer(torch.zeros(2, 16))
+    outer(ids(2, 16))
     # the outer reading saw the inner's allocations (and its peak-register reset) on the device's
     # shared counters; the inner one ran while another forward was open: both dropped, neither
     # learnt wrong (the rule attributed forwards follow)
     assert h_out.capacity.root_readings == 0 and h_out.capacity.root_readings_dropped == 1
     assert h_in.capacity.root_readings == 0 and h_in.capacity.root_readings_dropped == 1
     outer.inner = None
-    outer(torch.zeros(2, 16))  # alone, it is learnt
+    outer(ids(2, 16))  # alone, it is learnt
     assert h_out.capacity.root_readings == 1
     assert h_out.capacity.model.shapes()[0].peak == pytest.approx(peak(2, 16), rel=0.05)
 
@@ -117,7 +122,7 @@ def test_root_readings_leave_the_peak_register_alone_when_told(dev):
                                      "cuda": {"reset_peak_stats": False}})
     big = dev.malloc(512 * MIB)
     dev.free(big)
-    model(torch.zeros(1, 16))
+    model(ids(1, 16))
     assert dev.memory_stats_nested(0)["allocated_bytes"]["all"]["peak"] >= 512 * MIB
     assert h.capacity.root_readings == 1
 
@@ -141,12 +146,12 @@ def _fenced(monkeypatch, fraction: float | None, capacity: int) -> ScriptedCudaA
 def _safe_then_first_oom(d: ScriptedCudaAllocatorDouble, model: nn.Module, safe: int) -> int:
     """Run the safe batch (it must not fail), then larger ones: the first batch the allocator fails."""
     d.empty_cache()  # a fresh allocator: the answer must hold without the warm-up's segments
-    model(torch.zeros(safe, 128))
+    model(ids(safe, 128))
     b = safe
     while True:
         b += 1
         try:
-            model(torch.zeros(b, 128))
+            model(ids(b, 128))
         except torch.OutOfMemoryError:
             return b
 
@@ -175,7 +180,7 @@ def test_a_fraction_looser_than_the_device_leaves_the_device_in_charge(monkeypat
     d = _fenced(monkeypatch, 0.99, GIB)
     model = Scaled(d)
     h = mp.instrument(model, config={**PLAIN, "capacity": {"root_readings": True}})
-    model(torch.zeros(1, 16))
+    model(ids(1, 16))
     b = h.headroom()["budget"]
     assert b["limit"] == "cuda_device" and any(n.startswith("memory_fraction") for n in b["notes"])
 
