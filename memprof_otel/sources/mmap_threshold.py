@@ -25,8 +25,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
 import threading
 from typing import Any, Mapping, NamedTuple
+
+import psutil
+
+from .cgroup import find_dirs, memory_limit
+from .glibc import HostAllocatorSource
 
 log = logging.getLogger("memprof_otel")
 
@@ -130,9 +136,6 @@ def memory_limit_in_force(configured_limit: int | None) -> bool:
     cgroup's below the machine's memory, or ``capacity.limit_bytes``."""
     if configured_limit is not None:
         return True
-    import psutil
-
-    from .cgroup import find_dirs, memory_limit
     try:
         limit = memory_limit(find_dirs().memory)[1]
         return limit is not None and limit < psutil.virtual_memory().total
@@ -141,14 +144,18 @@ def memory_limit_in_force(configured_limit: int | None) -> bool:
 
 
 def apply_configured(setting: str | int, configured_limit: int | None) -> ThresholdState:
-    """``apply`` with this process's facts: its environment, its malloc, the limit in force."""
-    import os
-
-    from .glibc import GlibcMallocSource
+    """``apply`` with this process's facts: its environment, its malloc, the limit in force. Never
+    raises: monitoring starts whatever happens here."""
+    global _state
     if _state.fixed:
         return _state
-    backend = GlibcMallocSource.probe().backend
-    return apply(setting, memory_limit_in_force(configured_limit), os.environ, backend)
+    try:
+        backend = HostAllocatorSource.probe().backend
+        return apply(setting, memory_limit_in_force(configured_limit), os.environ, backend)
+    except Exception as e:  # a probe that failed: glibc's own policy stays, and the state says why
+        with _lock:
+            _state = ThresholdState(None, None, f"not applied: {type(e).__name__}: {e}")
+        return _state
 
 
 def reset_for_tests() -> None:

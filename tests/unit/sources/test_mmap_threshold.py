@@ -72,3 +72,17 @@ def test_the_setting_is_validated() -> None:
     for bad in ("64MiB", "1KiB", "sometimes"):
         with pytest.raises(ConfigError, match="mmap_threshold"):
             load_config({"capacity": {"mmap_threshold": bad}})
+
+
+def test_a_failing_probe_never_stops_monitoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise OSError("no /proc here")
+    monkeypatch.setattr(mt.HostAllocatorSource, "probe", staticmethod(broken))
+    st = mt.apply_configured("auto", None)
+    assert not st.fixed and "OSError" in (st.reason or "")
+
+
+def test_this_process_is_probed_for_real() -> None:
+    # no cgroup limit is set for the test runner unless the machine has one: either answer is a state
+    st = mt.apply_configured("off", None)
+    assert not st.fixed and st.reason is not None and "off" in st.reason
