@@ -2,11 +2,10 @@
 
     python -m tests.integration.leak_child
 
-Starts memprof-otel's monitoring (sampler every ``INTERVAL_S``) and its endpoint on a free port,
-prints the endpoint's URL, then waits for a line on stdin. From then on it keeps ``CHUNK_BYTES``
-more memory every ``STEP_S``, each chunk written so that its pages are charged to the cgroup,
-until the kernel kills it. No model: what the early warning reads is the cgroup's, and a framework
-would only raise the floor the leak starts from.
+Instruments a small torch model (sampler every ``INTERVAL_S``), serves the endpoint on a free
+port, prints its URL, then waits for a line on stdin. From then on, every ``STEP_S``, it runs a
+forward and keeps ``CHUNK_BYTES`` more memory (written, so that its pages are charged to the
+cgroup), until the kernel kills it: a server with a leak outside the model.
 """
 from __future__ import annotations
 
@@ -19,15 +18,20 @@ STEP_S = 0.1
 
 
 def main() -> None:
+    import torch
+
     import memprof_otel as mp
 
-    mp.start_monitoring({"sampler": {"interval": INTERVAL_S}})
+    model = torch.nn.Linear(64, 64)
+    mp.instrument(model, name="leaky", config={"sampler": {"interval": INTERVAL_S}})
     srv = mp.serve(port=0)
     print(srv.url, flush=True)
     sys.stdin.readline()
     kept = []
     next_t = time.monotonic()
     while True:
+        with torch.no_grad():
+            model(torch.ones(8, 64))
         kept.append(b"\x01" * CHUNK_BYTES)  # filled, so resident (bytes(n) would map zero pages lazily)
         next_t += STEP_S
         time.sleep(max(0.0, next_t - time.monotonic()))
