@@ -225,8 +225,8 @@ def container_memory_full_soon(c: Ctx) -> Rule:
         f"{{{{ $labels.instance }}}} reaches its memory limit within {duration_words(h)} (projected "
         "{{ $value | humanizePercentage }} of the limit); it has been on that course for "
         f"{duration_words(p['for'])}. At the limit the kernel OOM-kills a process of the container, "
-        "usually this one. memprof_memory_pressure_stall_seconds_total and "
-        "memprof_container_memory_events_total show whether the kernel is reclaiming already.",
+        "usually this one. The runbook says how to see whether the kernel is reclaiming already "
+        "(memory pressure, the cgroup's memory events).",
         comment="The early warning of an OOM kill: the working set (what the kernel cannot reclaim) projected\n"
                 "`horizon` ahead by a least-squares line over `window`, against the cgroup limit. A flat\n"
                 "series near the limit projects below it, and over a window of several teeth a sawtooth's line\n"
