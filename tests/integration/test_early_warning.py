@@ -121,8 +121,9 @@ def test_the_early_warning_fires_before_the_kernel_kills_a_leaking_process(tmp_p
               f"(leak to kill {killed - leak_started:.1f} s); last seen: {seen}")
         assert lead > 0
         # AND the projection fired it, not the level: a steady leak reaches the limit about `horizon`
-        # after the line first passes it (an alert firing from the leak's start would lead by ~all of it)
-        assert lead <= HORIZON_S + 1.5, f"fired {lead:.1f} s before the kill: earlier than the {HORIZON_S} s horizon"
+        # after the line first passes it (the last MiB come a little slower as the kernel reclaims);
+        # an alert firing from the leak's start would lead by nearly all of its ~15 s
+        assert lead <= HORIZON_S + 4, f"fired {lead:.1f} s before the kill: far earlier than the {HORIZON_S} s horizon"
         # AND the memory event counter (v2 memory.events, v1 memory.failcnt) and, where the kernel has
         # PSI, the pressure stall totals reached Prometheus
         assert "memprof_container_memory_events_total" in series_names
