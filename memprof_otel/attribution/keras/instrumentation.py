@@ -48,6 +48,7 @@ _OPEN = OpenForwards()
 class _ThreadLocal(ForwardRecord):
     sink: ForwardState | None = None   # the forward while layer calls go to it (not a root reading)
     overlapped = False
+    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 class KerasInstrumentation(Instrumentation):
@@ -193,10 +194,9 @@ class KerasInstrumentation(Instrumentation):
         tls.shape = tls.features = None
         tls.capture = None
         counter = self._counter
-        if counter is None:
-            return
         try:
-            self._choose_measurement(tls, key, path, t, args, kwargs)
+            if counter is not None:
+                self._choose_measurement(tls, key, path, t, args, kwargs)
             if tls.state is not None:
                 tls.state.begin(t)
                 if tls.shape:  # on CPU, the forward's rise of the process's resident memory too;
@@ -205,6 +205,15 @@ class KerasInstrumentation(Instrumentation):
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
+        if self._flight:  # the black box: every forward, measured or not, while in flight
+            try:
+                st = tls.state
+                shape = tls.shape if st is not None else (
+                    self._shape(args, kwargs) if not path and self.capacity is not None else None)
+                tls.features = shape
+                tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
+            except Exception as e:
+                self._count_error("begin", e)
 
     def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
         tls = self._tls
@@ -229,6 +238,9 @@ class KerasInstrumentation(Instrumentation):
         return state
 
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
+        if tls.flight is not None:
+            tokens, tls.flight = tls.flight, None
+            self._flight_closed(tokens)
         _OPEN.close()
         state = tls.state
         tls.state = tls.sink = None

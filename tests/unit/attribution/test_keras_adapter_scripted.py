@@ -244,3 +244,60 @@ def test_a_capture_is_labelled_with_the_operation_its_forwards_ran_in() -> None:
         assert [k for k, _ in cap2.flame().labels] == ["model", "device"]
     finally:
         h.uninstrument()
+
+
+class _Flights:
+    """A flight listener (the black box's interface) that records what it hears."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, tuple[str, str, Any, bool]] = {}
+        self.log: list[tuple[str, Any]] = []
+        self._next = 0
+
+    def opened(self, model: str, root: str, features: Any, state: Any) -> int:
+        self._next += 1
+        self.open[self._next] = (model, root, features, state is not None)
+        self.log.append(("opened", (model, root, state is not None)))
+        return self._next
+
+    def closed(self, token: int) -> None:
+        self.log.append(("closed", self.open.pop(token)[:2]))
+
+
+@pytest.mark.parametrize("figures", [True, False])
+def test_the_black_box_hears_every_forward_in_flight_measured_or_not(figures: bool) -> None:
+    """Each forward opens and closes once for the flight listeners, attributed or not, and also where
+    the backend gives no figures (what a post-mortem names is the forward, not its figures); one
+    that raises closes too."""
+    counter = ScriptedCounter()
+    model = _model(counter)
+    h = attach_for(ScriptedBackend(counter, figures=figures))(model, name="flights", every_n_forwards=2,
+                                                              overhead_budget=1.0)
+    flights = _Flights()
+    h.add_flight_listener(flights)
+    try:
+        seen_inside: list[int] = []
+        first = model.children[0]
+        plain_call = first.call
+
+        def spy(x: Any) -> Any:
+            seen_inside.append(len(flights.open))
+            return plain_call(x)
+        first.call = spy
+        model(0)
+        model(0)
+        assert seen_inside == [1, 1]  # in flight while its layers run
+        assert flights.open == {}     # and closed after
+        opened = [x for kind, x in flights.log if kind == "opened"]
+        assert [o[:2] for o in opened] == [("flights", "")] * 2
+        # the attributed forward hands its state over (deepest layer entered), where figures exist
+        assert sorted(o[2] for o in opened) == ([False, True] if figures else [False, False])
+
+        def boom(x: Any) -> Any:
+            raise ValueError("model error")
+        first.call = boom
+        with pytest.raises(ValueError):
+            model(0)
+        assert flights.open == {} and flights.log[-1] == ("closed", ("flights", ""))
+    finally:
+        h.uninstrument()
