@@ -58,6 +58,8 @@ class Capacity:
         self.kernel = MemoryModel(config.max_shapes, standard=standard)  # the same forwards in the units their limit counts
         self.kernel_unit: str | None = None           # which units (None: no such reading yet)
         self.kernel_readings = 0
+        self._observed = 0  # forwards observed: what _both()'s cached answer was computed at
+        self._both_cache: tuple[int, list[tuple[float, float]]] = (-1, [])
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
         # process's resident level it reached)
         self._top: tuple[float, int] | None = None
@@ -79,6 +81,7 @@ class Capacity:
         """One measured forward: its tensor figures and, where read, ``kernel``: the same forward in
         its limit's units (``unit``, ``peak_increase``, ``retained``)."""
         self.model.observe(features, peak_increase, retained)
+        self._observed += 1
         if kernel is None:
             return
         # never below the tensor figure: a forward served from pages the heap kept resident, or from
@@ -114,10 +117,16 @@ class Capacity:
 
     # ---- which figures answer ------------------------------------------------------------------
     def _both(self) -> list[tuple[float, float]]:
-        """(tensor figure, the largest figure in the limit's units) of each shape read both ways."""
+        """(tensor figure, the largest figure in the limit's units) of each shape read both ways;
+        kept until the next forward is observed (a gate asks before every request)."""
+        at, both = self._both_cache
+        if at == self._observed:
+            return both
         tensor = {key_of(r.features): r.peak for r in self.model.shapes()}
-        return [(tensor[k], float(max(r.peaks))) for r in self.kernel.shapes()
+        both = [(tensor[k], float(max(r.peaks))) for r in self.kernel.shapes()
                 if (k := key_of(r.features)) in tensor and r.peaks]
+        self._both_cache = (self._observed, both)
+        return both
 
     def gap_ratio(self) -> float | None:
         """The largest ratio of a shape's figure in its limit's units to its tensor figure, over the
