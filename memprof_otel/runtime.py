@@ -40,6 +40,7 @@ from .export.worker_snapshots import SnapshotWriter
 from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import renew_servers_in_child
 from .sources import registry
+from .telemetry.breakdown_service import MemoryBreakdownWatch
 from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
@@ -71,6 +72,26 @@ def _surviving_bytes() -> dict[tuple[str, str, str], int]:
 def _survivor_tables() -> dict[str, dict[str, int]]:
     """Model -> its survivor table's counts (held, capacity, left out), where one is kept."""
     return {name: h.survivors.counts() for name, h in live_handles().items() if h.survivors is not None}
+
+
+def _python_heap() -> tuple[int, float] | None:
+    """pymalloc's pools in use and when they were read (None where this interpreter cannot tell)."""
+    src = registry.python_heap()
+    if src is None:
+        return None
+    r = src.read()
+    return r.resident_bytes, r.read_at
+
+
+def _python_heap_down() -> str | None:
+    return registry.down_reasons().get("python_heap")
+
+
+def _cuda_mem_info(index: int) -> tuple[int, int] | None:
+    """(free, total) of a CUDA device from cudaMemGetInfo, where its allocator source exists."""
+    src = registry.cuda_allocator(index)
+    found = src.device_memory() if src is not None else None
+    return (found[0], found[1]) if found is not None else None
 
 
 def _shutdown_failed(what: str, e: Exception) -> None:
@@ -125,8 +146,12 @@ class Runtime:
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
+        # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
+        self.memory = MemoryBreakdownWatch(live_handles, _python_heap, _python_heap_down, registry.cuda_uuids,
+                                           _cuda_mem_info)
+        self.scrape.contribute("memory", self.memory.series)
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,
-                                        self.dump_service.store_json)
+                                        self.dump_service.store_json, self.memory.document)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
         # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
@@ -186,6 +211,7 @@ class Runtime:
         if kept is not None and kept[0] == cfg:  # a restart with the same settings continues the history
             sampler.seed(kept[1])
         sampler.add_listener(self.tracker.observe)
+        sampler.add_listener(self.memory.on_sample)  # before the watchdog and the advice read it
         # a restart with other OTel settings (endpoint, interval...) replaces our exporter
         otel_changed = self.otel is not None and prev is not None and (
             prev.otel != cfg.otel or prev.service_name != cfg.service_name)

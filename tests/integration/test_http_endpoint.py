@@ -488,6 +488,30 @@ def test_body_over_cap_is_413_before_the_body_is_read(client, server):
     assert client.put("/v1/watchdog/rules", content=at_cap).status_code == 200
 
 
+# ---- /v1/memory ------------------------------------------------------------------------------
+
+def test_memory_answers_its_schema_the_parts_add_up_and_metrics_carry_the_same(client, tree):
+    spec = client.get("/openapi.json").json()
+    validator = jsonschema.Draft202012Validator({**spec["components"]["schemas"]["Memory"],
+                                                 "components": spec["components"]})
+    tree[0](torch.randn(4, 8))
+    doc = wait_until(lambda: (d := client.get("/v1/memory").json())["devices"].get("cpu") and d,
+                     what="a CPU breakdown")
+    validator.validate(doc)
+    cpu = doc["devices"]["cpu"]
+    assert sum(cpu["components"].values()) + cpu["unexplained_bytes"] == cpu["total_bytes"] > 0
+    # the weights of every live instrumented model (earlier tests' may live on): each storage once
+    from memprof_otel.attribution.registry import live_handles
+    storages = {p.untyped_storage().data_ptr(): p.numel() * p.element_size() for h in live_handles().values()
+                if h.model is not None for p in [*h.model.parameters(), *h.model.buffers()]}
+    assert cpu["components"]["weights"] == sum(storages.values()) > 0
+    rows = scrape_values(client, "memprof_memory_bytes")
+    assert {dict(k)["component"] for k in rows if dict(k)["device"] == "cpu"} == {*cpu["components"], "unexplained"}
+    totals = scrape_values(client, "memprof_memory_total_bytes")
+    assert any(dict(k) == {"device": "cpu", "source": "rss"} for k in totals)
+    assert_error(client.get("/v1/memory", params={"x": "1"}), 400, "bad_parameter")
+
+
 # ---- OpenAPI --------------------------------------------------------------------------------
 
 def test_openapi_documents_exactly_the_routes_the_server_answers(client, tree):
