@@ -87,6 +87,11 @@ def _python_heap_down() -> str | None:
     return registry.down_reasons().get("python_heap")
 
 
+def _host_read_at() -> float | None:
+    host = registry.host_allocator()
+    return host.last_read_unix if host is not None else None
+
+
 def _cuda_mem_info(index: int) -> tuple[int, int] | None:
     """(free, total) of a CUDA device from cudaMemGetInfo, where its allocator source exists."""
     src = registry.cuda_allocator(index)
@@ -148,7 +153,7 @@ class Runtime:
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
         self.memory = MemoryBreakdownWatch(live_handles, _python_heap, _python_heap_down, registry.cuda_uuids,
-                                           _cuda_mem_info)
+                                           _cuda_mem_info, _host_read_at)
         self.scrape.contribute("memory", self.memory.series)
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,
                                         self.dump_service.store_json, self.memory.document)

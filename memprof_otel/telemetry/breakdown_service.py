@@ -34,17 +34,19 @@ class MemoryBreakdownWatch:
     """``on_sample`` is the sampler listener; ``breakdowns()``, ``series(scrape)``, ``document()``
     read the latest. ``python_heap()``: (resident bytes, unix time) or None; ``python_heap_down()``:
     why not; ``cuda_uuids()``: torch's device UUIDs (the NVML match); ``mem_info(index)``: the
-    device's (free, total) from cudaMemGetInfo, asked only where NVML cannot see this process."""
+    device's (free, total) from cudaMemGetInfo, asked only where NVML cannot see this process;
+    ``heap_read_at()``: when glibc's figures were last read (their age in the document)."""
 
     def __init__(self, handles: Callable[[], Mapping[str, ModelHandle]], python_heap: PythonHeapFn = _none,
                  python_heap_down: Callable[[], str | None] = _none,
                  cuda_uuids: Callable[[], Mapping[int, str]] = dict, mem_info: MemInfoFn = lambda _i: None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 heap_read_at: Callable[[], float | None] = _none, clock: Callable[[], float] = time.time) -> None:
         self._handles = handles
         self._python_heap = python_heap
         self._python_heap_down = python_heap_down
         self._cuda_uuids = cuda_uuids
         self._mem_info = mem_info
+        self._heap_read_at = heap_read_at
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[str, DeviceBreakdown] = {}
@@ -83,7 +85,7 @@ class MemoryBreakdownWatch:
     def compute(self, sample: Sample) -> dict[str, DeviceBreakdown]:
         held = self.held()
         out: dict[str, DeviceBreakdown] = {}
-        cpu = cpu_breakdown(sample, held, self._python_heap(), self._python_heap_down())
+        cpu = cpu_breakdown(sample, held, self._python_heap(), self._python_heap_down(), self._heap_read_at())
         if cpu is not None:
             out["cpu"] = cpu
         cuda = sorted(d for d in sample.allocators if d.startswith("cuda:"))

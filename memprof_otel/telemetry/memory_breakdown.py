@@ -165,10 +165,11 @@ def _uncounted_note(held: Held) -> list[str]:
 
 
 def cpu_breakdown(sample: Sample, held: Held, python_heap: tuple[int, float] | None,
-                  python_heap_down: str | None = None) -> DeviceBreakdown | None:
+                  python_heap_down: str | None = None, heap_read_at: float | None = None) -> DeviceBreakdown | None:
     """The CPU breakdown from one sampler tick; None without an RSS figure. ``python_heap``:
     (resident bytes, unix time read) of pymalloc's pools, None where not measured (``python_heap_down``
-    says why)."""
+    says why). ``heap_read_at``: when glibc's figures in the sample were read (its source backs off by
+    its cost, so they may predate the tick; None: at the tick)."""
     proc = sample.process
     rss = proc.get("resident_memory_bytes")
     if rss is None:
@@ -183,10 +184,11 @@ def cpu_breakdown(sample: Sample, held: Held, python_heap: tuple[int, float] | N
         if tensors > in_use:
             notes.append(f"weights and KV caches ({tensors} B) exceed glibc's in-use bytes ({in_use} B): "
                          "some live outside malloc (a mapped file, shared memory) and count twice")
+        at = t if heap_read_at is None or heap_read_at <= 0 else min(t, heap_read_at)
         parts.append(Component("heap_in_use", max(0, in_use - tensors),
-                               "glibc mallinfo2 in use (uordblks + hblkhd) less weights and kv_cache", t))
+                               "glibc mallinfo2 in use (uordblks + hblkhd) less weights and kv_cache", at))
         parts.append(Component("heap_free", max(0, reserved - in_use),
-                               "glibc mallinfo2 free chunks kept in its arenas (fordblks)", t))
+                               "glibc mallinfo2 free chunks kept in its arenas (fordblks)", at))
     else:
         notes.append("glibc's heap is not measured here (another malloc, or no mallinfo2): it is in "
                      "unexplained")
