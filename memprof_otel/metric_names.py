@@ -117,12 +117,9 @@ METRICS: tuple[MetricDef, ...] = (
               "The process's memory on the device by component (weights, kv_cache, heap_in_use, heap_free, "
               "python_heap, file_backed, shared_memory on cpu; weights, kv_cache, activations_other, "
               "allocator_cache, non_torch on CUDA) and unexplained (the total less the components; negative "
-              "where a component counts what is not resident): the components sum to memprof_memory_total_bytes",
+              "where a component counts what is not resident): per device they sum to the process's total as the "
+              "kernel (RSS) or the driver (NVML's per-process figure) measures it",
               ("device", "component")),
-    MetricDef("memprof_memory_total_bytes", "memprof.memory.total", "By", "gauge",
-              "The process's memory on the device as the outside world measures it, by source: rss (cpu; the "
-              "breakdown's total), cgroup_working_set (cpu, where the process has a cgroup), nvml_process, "
-              "else cuda_mem_get_info or allocator_reserved (CUDA; the breakdown's total)", ("device", "source")),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),

@@ -342,14 +342,14 @@ def overview(q: Matchers) -> dict[str, Any]:
     breakdown = timeseries(
         "Where the memory goes",
         "The process's memory per device as components stacked up to the total the kernel (RSS on cpu) "
-        "or the driver (NVML's per-process figure on CUDA) measures, dashed: on cpu the instrumented "
+        "or the driver (NVML's per-process figure on CUDA) measures (dashed: their sum): on cpu the instrumented "
         "models' weights and KV caches, glibc's heap in use and free-but-kept, the Python object heap, "
         "file-backed pages and shared memory; on CUDA weights, KV cache, activations and other tensors, "
         "the allocator's cache and non-torch memory (CUDA context, libraries). unexplained is the total "
         "less the components. GET /v1/memory says how each was measured.",
         [target(f"memprof_memory_bytes{{{q.dev}}}", "{{instance}} {{device}} {{component}}"),
-         target(f"memprof_memory_total_bytes{{{q.dev}, source=~\"rss|nvml_process|cuda_mem_get_info\"}}",
-                "{{instance}} {{device}} total ({{source}})")],
+         target(f"sum by (instance, job, worker, device) (memprof_memory_bytes{{{q.dev}}})",
+                "{{instance}} {{device}} total")],
         "bytes", min_zero=False, overrides=[{**dashed("B"), "properties": [
             *dashed("B")["properties"], {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}}]}])
     breakdown["fieldConfig"]["defaults"]["custom"]["stacking"] = {"mode": "normal", "group": "A"}

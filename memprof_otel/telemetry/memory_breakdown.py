@@ -245,18 +245,14 @@ def cuda_breakdown(device: str, allocator: Mapping[str, float], t: float, held: 
 
 
 def series_rows(breakdowns: Iterable[DeviceBreakdown]) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """``memprof_memory_bytes{device, component}`` (the components and ``unexplained``) and
-    ``memprof_memory_total_bytes{device, source}`` (the total and any other total figure)."""
+    """``memprof_memory_bytes{device, component}``: the components and ``unexplained``, which sum to
+    the device's total (the total itself is exported already: the process's RSS, NVML's figure)."""
     parts: list[tuple[dict[str, str], float]] = []
-    totals: list[tuple[dict[str, str], float]] = []
     for b in breakdowns:
         for c in b.components:
             parts.append(({"device": b.device, "component": c.name}, float(c.bytes)))
         parts.append(({"device": b.device, "component": UNEXPLAINED}, float(b.unexplained_bytes)))
-        totals.append(({"device": b.device, "source": b.total_source}, float(b.total_bytes)))
-        for name, v in b.other_totals.items():
-            totals.append(({"device": b.device, "source": name}, float(v)))
-    return {"memprof_memory_bytes": parts, "memprof_memory_total_bytes": totals}
+    return {"memprof_memory_bytes": parts}
 
 
 __all__ = ["COMPONENTS", "CPU_COMPONENTS", "CUDA_COMPONENTS", "Component", "DeviceBreakdown", "Held",
