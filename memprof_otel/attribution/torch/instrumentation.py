@@ -94,6 +94,7 @@ class TorchInstrumentation(Instrumentation):
         # the KV cache the root forward was last called with, held weakly (the memory breakdown)
         self._cache_tensors: Callable[[], list[torch.Tensor]] = _no_tensors
         self._cache_ref: Callable[[], Any] = _no_tensor
+        self._weights = held.WeightWalker()
         self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
@@ -274,7 +275,7 @@ class TorchInstrumentation(Instrumentation):
     def held_tensors(self) -> dict[str, dict[tuple[str, int], int]]:
         """The model's weights and its last KV cache by storage (``attribution/torch/held.py``)."""
         model = self._model_ref()
-        weights = held.weights(model) if model is not None else {}
+        weights = self._weights(model) if model is not None else {}
         cache: held.StorageMap = {}
         held.add_storages(self._cache_tensors(), cache)
         return {"weights": weights, "kv_cache": cache}
