@@ -50,7 +50,9 @@ def check_sums(cpu: dict[str, Any]) -> float:
     assert cpu["total_source"] == "rss"
     assert sum(cpu["components"].values()) + cpu["unexplained_bytes"] == cpu["total_bytes"]
     for name, m in cpu["measured"].items():
-        assert m["bytes"] == cpu["components"][name] and m["source"] and m["age_seconds"] < 5.0, name
+        # ages: a tick's figures, glibc's (backed off by its cost) or the Python heap's (read at most
+        # every 5 s): all well under 10 s on a process that ticks every second
+        assert m["bytes"] == cpu["components"][name] and m["source"] and m["age_seconds"] < 10.0, name
     return cpu["unexplained_bytes"] / cpu["total_bytes"]
 
 
