@@ -19,7 +19,10 @@ requests ``__call__`` serves), with the replica's identity put into what it expo
   ``ray_serve_deployment`` and ``ray_serve_replica``. Prometheus finds the replicas with
   ``file_sd_configs: [{files: ["<file_sd_dir>/*.json"]}]``. (Ray's own
   ``/tmp/ray/prom_metrics_service_discovery.json`` lists Ray's per-node metrics agents, not ports
-  an application opens, so it cannot name these.)
+  an application opens, so it cannot name these.) ``mp.serve()`` binds ``127.0.0.1`` by default:
+  enough for a Prometheus on the same node. In a multi-node cluster set ``MEMPROF_OTEL_HTTP_HOST=0.0.0.0``
+  (the target file then names the node's address) and, the endpoint being reachable from the
+  network, ``MEMPROF_OTEL_HTTP_TOKEN`` (docs/reference.md, "Who can reach the endpoint").
 
 **A stopped replica** (scaled down, deployment deleted, ``serve.shutdown()``): Serve calls the
 deployment's ``__del__`` during the replica's graceful shutdown. There the replica removes its

@@ -33,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
         ("AlreadyInstrumented", "CaptureBusy", "CaptureTimeout", "CaptureUnsupported", "ConfigError", "DumpNotFound", "ExportError",
          "InstrumentationError", "InvalidDumpId", "MemprofError", "ModelRequired", "ServeError",
-         "SourceUnavailable", "UnknownModel"), ".errors"),
+         "ShapeError", "SourceUnavailable", "UnknownModel"), ".errors"),
     "Server": ".http.server",
     "current_operation": ".telemetry.operations",
     **dict.fromkeys(("OperationRecord", "Sample", "Timeline"), ".timeline"),
@@ -72,7 +72,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the same names, imported e
     from .dumps.capture import Capture
     from .errors import (AlreadyInstrumented, CaptureBusy, CaptureTimeout, CaptureUnsupported, ConfigError, DumpNotFound, ExportError,
                          InstrumentationError, InvalidDumpId, MemprofError, ModelRequired, ServeError,
-                         SourceUnavailable, UnknownModel)
+                         ShapeError, SourceUnavailable, UnknownModel)
     from .http.server import Server
     from .telemetry.operations import current_operation
     from .timeline import OperationRecord, Sample, Timeline

@@ -237,7 +237,8 @@ class PrometheusConfig:
 class SeriesConfig:
     layers: str = _f("auto", _str(choices=("auto", "all", "top")),
                      "per-layer series: all = every tracked layer; top = the root and the top_layers layers "
-                     "with the highest peak increase (every layer stays in /v1/layers, dumps and captures); "
+                     "with the highest peak increase, containers passed over (every layer stays in /v1/layers, "
+                     "dumps and captures); "
                      "auto = top in a Kubernetes pod, all elsewhere")
     top_layers: int = _f(4, _int(0, 10_000), "layers besides the root exported in top mode")
     full_detail_fraction: float = _f(0.0, _float(0.0, 1.0), "in top mode, the fraction of hosts that export "
@@ -348,6 +349,18 @@ def _sizes_list(v: Any) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def _mmap_threshold(v: Any) -> str | int:
+    """``auto``, ``off`` or a size glibc accepts as its mmap threshold (4 KiB to 32 MiB)."""
+    if isinstance(v, str) and v.strip().lower() in ("auto", "off"):
+        return v.strip().lower()
+    if v is False:
+        return "off"
+    n = _size(v)
+    if not 4096 <= n <= 32 << 20:
+        raise ValueError(f"must be auto, off or a size from 4KiB to 32MiB (glibc's range), got {_shown(v)}")
+    return n
+
+
 @dataclass(frozen=True)
 class CapacityConfig:
     """The memory model of each instrumented model: headroom before OOM and the largest safe batch
@@ -370,6 +383,12 @@ class CapacityConfig:
                              "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
+    mmap_threshold: str | int = _f("auto", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
+                                   "a forward's resident memory follows its tensors (auto: 1MiB where a memory "
+                                   "limit is in force; off: keep glibc's dynamic threshold)")
+    max_extrapolation: float = _f(8.0, _float(1.0, 1e6), "how far outside the shapes seen (the requested "
+                                  "size over the largest seen, features multiplied) a max-safe-batch row may lie; "
+                                  "past it the row is not known")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,17 @@ class InvalidDumpId(MemprofError, ValueError):
     """A dump id is malformed or would name a file outside the dump directory."""
 
 
+class ShapeError(MemprofError, ValueError):
+    """A shape that cannot be one. Raised to a caller of ``fits``/``predict_peak``/``headroom`` that
+    named a feature the model has never seen (a typo), left out one it needs, or gave a value that
+    is not a size; a ``shape_of`` answer that is not a shape is counted instead (the forward is not
+    modelled). ``features`` names the offending features."""
+
+    def __init__(self, message: str, features: tuple[str, ...] = ()) -> None:
+        self.features = features
+        super().__init__(message)
+
+
 class UnknownModel(MemprofError, LookupError):
     """No instrumented model has this name."""
 

@@ -100,7 +100,8 @@ METRICS: tuple[MetricDef, ...] = (
               "what is in use now and the margin are taken off; below 0 it would not fit now",
               ("model", "device")),
     MetricDef("memprof_capacity_max_safe_batch", "memprof.capacity.max_safe_batch", "{sequence}", "gauge",
-              "Largest batch predicted to fit now at this sequence length (0: not even one)",
+              "Largest batch predicted to fit now at this sequence length (0: not even one); past "
+              "capacity.max_extrapolation times the shapes seen, the largest batch within it (known to fit)",
               ("model", "device", "seq_len")),
     MetricDef("memprof_capacity_fit_error_ratio", "memprof.capacity.fit_error", "1", "gauge",
               "Worst relative error of the memory model on shapes it was not fitted on (leave-one-shape-out)",
@@ -192,6 +193,15 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_container_oom_kills_total", "memprof.container.oom_kills", "{oom_kill}", "counter",
               "Processes the kernel OOM-killed in the process's cgroup (memory.events / "
               "memory.oom_control oom_kill)"),
+    MetricDef("memprof_container_memory_events_total", "memprof.container.memory.events", "{event}", "counter",
+              "Times the process's cgroup reached its memory.high (event high: throttled and reclaimed) or "
+              "its memory limit (event max: v2 memory.events max; v1 memory.failcnt, charges that hit the "
+              "limit), the kernel's last steps before an OOM kill", ("event",)),
+    MetricDef("memprof_memory_pressure_stall_seconds_total", "memprof.memory.pressure.stall", "s", "counter",
+              "Time tasks stalled waiting for memory (PSI; kind some: at least one task, full: all non-idle "
+              "tasks at once), of the process's cgroup (scope cgroup: cgroup v2 memory.pressure) or, where "
+              "the cgroup has none, of the whole machine (scope system: /proc/pressure/memory)",
+              ("kind", "scope")),
     MetricDef("memprof_container_cpu_limit_cores", "memprof.container.cpu.limit_cores", "{cpu}", "gauge",
               "CPU quota of the process's cgroup in cores (quota / period), when set"),
     # operations

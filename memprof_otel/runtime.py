@@ -39,12 +39,13 @@ from .export.prometheus import make_registry, render_exposition
 from .export.worker_snapshots import SnapshotWriter
 from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import renew_servers_in_child
-from .sources import registry
+from .sources import mmap_threshold, registry
 from .telemetry.breakdown_service import MemoryBreakdownWatch
 from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
+from .telemetry.oom_figures import OomExplainer, flight_prediction, host_leak
 from .telemetry.operations import OperationTracker, current_operation
 from .telemetry.sampled_sources import SampledSources
 from .telemetry.sampler import Sampler
@@ -137,11 +138,12 @@ class Runtime:
         self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
         self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
         self.servers: list[Any] = []
-        self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects)
+        self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects,
+                                  lambda: self.advisor.advised_layers())
         self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats,
                                  self.budget, _framework_versions, registry.down_reasons, registry.cuda_uuids)
         self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,
-                               self.counters.extra_ooms)
+                               self.counters.extra_ooms, last_oom_cause=self._last_oom_cause)
         # the families every process has beside the built-in ones; the watchdog's and the leak
         # watch's are registered at each start, with the objects that start builds
         self.scrape.contribute("operations", ignoring_context(self.op_stats.delta_series))
@@ -150,19 +152,21 @@ class Runtime:
                                         self._service_name)
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
-        # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
         self.memory = MemoryBreakdownWatch(live_handles, _python_heap, _python_heap_down, registry.cuda_uuids,
                                            _cuda_mem_info, _host_read_at)
         self.scrape.contribute("memory", self.memory.series)
+        # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,
-                                        self.dump_service.store_json, self.memory.document)
+                                        self.dump_service.store_json,
+                                        OomExplainer(self.samples, lambda: self.leaks), self.memory.document)
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
         # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
         # post-mortems of the processes that left theirs (blackbox/)
         self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
-                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)))
+                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)),
+                                 flight_prediction(live_handles), host_leak(lambda: self.leaks))
         self.scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
         self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
         self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
@@ -236,6 +240,8 @@ class Runtime:
         self.scrape.contribute("watchdog", ignoring_context(self.watchdog.series))
         self._start_snapshots(cfg, sampler)
         self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
+            mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
         sampler.add_listener(self.blackbox.on_sample)
         self.sampler = sampler
         self.started_unix = time.time()
@@ -328,6 +334,11 @@ class Runtime:
 
     def _series_config(self) -> SeriesConfig:
         return self.config.series if self.config is not None else SeriesConfig()
+
+    def _last_oom_cause(self) -> dict[str, Any] | None:
+        """The latest OOM's cause: this process's last ``oom`` record or the last OOM kill's post-mortem."""
+        found = [c for c in (self.oom_recorder.last_cause(), self.blackbox.last_cause()) if c is not None]
+        return max(found, key=lambda c: c.get("time") or 0.0) if found else None
 
     def _leak_suspects(self) -> dict[str, frozenset[str]]:
         return self.leaks.suspected_layers() if self.leaks is not None else {}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .promql import duration_words, iec_bytes, matchers, number, percent, seconds_words, series
+from .promql import duration_seconds, duration_words, iec_bytes, matchers, number, percent, seconds_words, series
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,33 @@ def memory_full_in_1h(c: Ctx) -> Rule:
                 "found by UUID through memprof_cuda_device_info, never by index: torch numbers the devices\n"
                 "CUDA_VISIBLE_DEVICES leaves, in its order, NVML numbers all it sees in PCI order. On a MIG\n"
                 "device the limit is the MIG device's own memory. The value is the projected size in bytes.")
+
+
+@alert("MemprofContainerMemoryFullSoon")
+def container_memory_full_soon(c: Ctx) -> Rule:
+    p = c.params
+    w, h = p["window"], p["horizon"]
+    ws = c.m("memprof_container_memory_working_set_bytes")
+    return Rule(
+        "MemprofContainerMemoryFullSoon",
+        f"predict_linear({ws}[{w}], {number(duration_seconds(h))})\n"
+        f"  / on(instance, job, worker) {c.m('memprof_process_memory_limit_bytes')} > 1\n"
+        f"and on(instance, job, worker) {ws} offset {w}",
+        "Container of {{ $labels.instance }} is on course to reach its memory limit within "
+        f"{duration_words(h)}",
+        f"At the trend of the last {duration_words(w)}, the working set of the container (cgroup) of "
+        f"{{{{ $labels.instance }}}} reaches its memory limit within {duration_words(h)} (projected "
+        "{{ $value | humanizePercentage }} of the limit); it has been on that course for "
+        f"{duration_words(p['for'])}. At the limit the kernel OOM-kills a process of the container, "
+        "usually this one. The runbook says how to see whether the kernel is reclaiming already "
+        "(memory pressure, the cgroup's memory events).",
+        comment="The early warning of an OOM kill: the working set (what the kernel cannot reclaim) projected\n"
+                "`horizon` ahead by a least-squares line over `window`, against the cgroup limit. A flat\n"
+                "series near the limit projects below it, and over a window of several teeth a sawtooth's line\n"
+                "stays flat. `offset window` waits until the window is covered (a process loading its model\n"
+                "climbs steeply, then stops). Measured on a real leak into a cgroup (docs/runbooks.md): the\n"
+                "lead before the kill is the horizon less the scrape, evaluation and `for` delays. The value\n"
+                "is the projected working set over the limit (1.2 = 20 % over it).")
 
 
 @alert("MemprofWorkingSetNearCgroupLimit")

@@ -19,7 +19,7 @@ _FREE_MAPS = {("alerts", "extra_labels"), ("kubernetes", "labels")}
 # Keys that moved, with where they are now: named in the error instead of "unknown key".
 _MOVED = {("dashboards", "cluster_label"): "cluster_label", ("dashboards", "namespace_label"): "namespace_label"}
 _DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
-_DURATION_KEYS = {"for", "window", "interval"}
+_DURATION_KEYS = {"for", "window", "interval", "horizon"}
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

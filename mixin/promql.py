@@ -32,6 +32,13 @@ def duration_words(duration: str) -> str:
     return " ".join(words)
 
 
+def duration_seconds(duration: str) -> float:
+    """'10m' -> 600.0, '1h30m' -> 5400.0, '500ms' -> 0.5 (a Prometheus duration as seconds, for
+    the functions that take a number, such as predict_linear's horizon)."""
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    return float(sum(int(n) * scale[unit] for n, unit in _DURATION_PART.findall(duration)))
+
+
 def percent(ratio: float) -> str:
     """0.9 -> '90%', 0.125 -> '12.5%'."""
     return f"{ratio * 100:g}%"

@@ -46,6 +46,29 @@ def oom_kills(d: Path, version: int) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def memory_events(d: Path, version: int) -> dict[str, int]:
+    """The cgroup's memory boundary events: v2 memory.events ``high`` and ``max``; v1 has only
+    memory.failcnt, which the source exports as ``max``."""
+    if version == 1:
+        return {"max": int(cat(d / "memory.failcnt"))} if (d / "memory.failcnt").exists() else {}
+    text = cat(d / "memory.events")
+    return {k: int(m.group(1)) for k in ("high", "max") if (m := re.search(rf"^{k} (\d+)$", text, re.M))}
+
+
+def memory_pressure_scope(d: Path, version: int) -> str | None:
+    """Where this process's memory PSI is (``cgroup``: the v2 cgroup's memory.pressure, ``system``:
+    /proc/pressure/memory), None on a kernel without PSI."""
+    for f, scope in ((d / "memory.pressure", "cgroup"), (Path("/proc/pressure/memory"), "system")):
+        if scope == "cgroup" and version != 2:
+            continue
+        try:
+            if "total=" in cat(f):
+                return scope
+        except (OSError, subprocess.CalledProcessError):
+            continue
+    return None
+
+
 def cpu_quota_cores() -> float | None:
     """The quota of this process's own CPU cgroup (ancestors not walked: on the hosts the tests
     run on, a quota sits on the process's own cgroup or nowhere)."""

@@ -10,7 +10,8 @@ measured: starts nothing, touches no device, never changes the process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Callable
+from dataclasses import replace
+from typing import Any, Callable
 
 from .._log import rate_limited
 from ..attribution.handle import ModelHandle
@@ -20,18 +21,21 @@ from ..telemetry.leaks import LeakWatch
 from ..telemetry.sampler import Sampler
 from ..telemetry.scrape import Row, ScrapeContext
 from ..telemetry.series import LayerView
-from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
+from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers, OomCauseFacts
 from .report import AdviceReport, build_report, severity_by_id
-from .rules import advise
+from .rules import advise, advised_layer
 
 
 class Advisor:
     """``sampler`` and ``leaks``: the running sampler and leak watch, if any; ``layer_views``: the
-    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter)."""
+    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter);
+    ``last_oom_cause()``: the latest OOM's cause (an ``oom`` record's or an OOM kill's post-mortem's)."""
 
     def __init__(self, sampler: Callable[[], Sampler | None], leaks: Callable[[], LeakWatch | None],
                  layer_views: Callable[[], list[LayerView]], extra_ooms: Mapping[str, int],
-                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
+                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles,
+                 last_oom_cause: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
+        self._last_oom_cause = last_oom_cause
         self._sampler = sampler
         self._leaks = leaks
         self._layer_views = layer_views
@@ -50,8 +54,24 @@ class Advisor:
             f = v.capacity
             if f is None or f.budget is None or f.headroom is None or f.predicted_peak is None:
                 continue
-            out.append(CapacityFacts(v.model, f.device, f.budget.limit, f.budget.usable_bytes, f.budget.in_use_bytes,
-                                     int(f.predicted_peak), int(f.headroom), dict(f.max_safe_batch)))
+            b = f.budget
+            out.append(CapacityFacts(v.model, f.device, b.limit, b.usable_bytes, b.in_use_bytes, int(f.predicted_peak),
+                                     int(f.headroom), dict(f.max_safe_batch), limit_bytes=b.limit_bytes,
+                                     held_elsewhere_bytes=b.held_elsewhere_bytes, margin_bytes=b.margin_bytes))
+        return out
+
+    def advised_layers(self) -> dict[str, frozenset[str]]:
+        """Model -> the layers layer-transient-peak names: over the window figures the advice reads
+        now, and over every attributed forward (the all-time figures the series budget ranks by,
+        so the layer stays named between windows). The series budget exports them whatever their
+        rank: a dashboard must show the layer the advice points at."""
+        out = {}
+        for name, h in self._handles().items():
+            named = {advised_layer({k: f.peak_increase for k, f in h.exported_layer_peaks().items()}),
+                     advised_layer({k: s.peak_increase for k, s in h.layer_stats().items()})}
+            kept = frozenset(p for p in named if p is not None)
+            if kept:
+                out[name] = kept
         return out
 
     def evidence(self, views: list[LayerView] | None = None) -> Evidence:
@@ -71,18 +91,33 @@ class Advisor:
         return Evidence(sampled=latest is not None, allocators=dict(latest.allocators) if latest is not None else {},
                         models=tuple(models), instrumented=tuple(sorted(v.model for v in views)), leak_watch=watching,
                         leak_suspects=tuple(suspects), capacity=tuple(self.capacity_facts(views)),
-                        extra_ooms=dict(self._extra_ooms))
+                        extra_ooms=dict(self._extra_ooms), oom_cause=self.oom_cause())
+
+    def oom_cause(self) -> OomCauseFacts | None:
+        """The latest OOM's cause as the rules read it (its byte figures and safe batch)."""
+        doc = self._last_oom_cause()
+        if not doc or not isinstance(doc.get("cause"), str):
+            return None
+        figs = doc.get("figures") or {}
+        numbers = {k: float(v) for k, v in figs.items()
+                   if k.endswith("_bytes") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        n = figs.get("max_safe_batch")
+        return OomCauseFacts(doc["cause"], str(doc.get("summary", "")), str(doc.get("knob", "")),
+                             str(doc.get("source", "oom")), str(doc.get("model") or ""), str(doc.get("device") or ""),
+                             doc.get("time"), numbers, n if isinstance(n, int) else None,
+                             doc.get("dump_id") if isinstance(doc.get("dump_id"), str) else None)
 
     def report(self, model: str | None = None, min_severity: str = "info") -> AdviceReport:
         """The advice rules over ``evidence()``: at or above ``min_severity`` (ValueError for an
         unknown one); with ``model``, about that model and its device (UnknownModel for a model not
         instrumented). Never changes the process: acting on it is the caller's choice."""
         device = None
+        live = self._handles()
         if model is not None:
-            live = self._handles()
             pick_model(live, model)  # raises UnknownModel, naming the models there are
             device = live[model].last_device
-        return build_report(self.evidence(), model, min_severity, device)
+        report = build_report(self.evidence(), model, min_severity, device)
+        return replace(report, notes=report.notes + tuple(_capacity_notes(live, model)))
 
     def severity_series(self, scrape: ScrapeContext) -> Mapping[str, Iterable[Row]]:
         """``memprof_advice_severity``: each firing rule's level, over the scrape's layer views (a
@@ -96,6 +131,18 @@ class Advisor:
         if not levels:
             return {}
         return {"memprof_advice_severity": [({"id": rid}, level) for rid, level in sorted(levels.items())]}
+
+
+def _capacity_notes(live: Mapping[str, ModelHandle], model: str | None) -> list[str]:
+    """A model whose calls give different features is learnt per kind of call, and near-limit reads
+    one of them: say so, with the names."""
+    out = []
+    for name, h in sorted(live.items()):
+        cap = h.capacity
+        note = cap.model.kinds_note() if cap is not None and model in (None, name) else None
+        if note:
+            out.append(f"model {name!r}: {note}; near-limit reads the kind with the most forwards")
+    return out
 
 
 __all__ = ["Advisor"]

@@ -16,7 +16,20 @@ class CapacityFacts:
     in_use_bytes: int
     predicted_peak_bytes: int           # extra bytes the largest recent request needs at its peak
     headroom_bytes: int                 # usable - in use - predicted peak with its error (negative: would not fit)
-    max_safe_batch: Mapping[int, int]   # sequence length -> largest batch that fits
+    max_safe_batch: Mapping[int, int]   # sequence length -> largest batch that fits (0: not even one)
+    limit_bytes: int = 0                # the limit itself (usable = limit - held elsewhere - margin)
+    held_elsewhere_bytes: int = 0       # CUDA: other processes and this one's non-allocator memory
+    margin_bytes: int = 0               # kept free (capacity.margin_ratio / capacity.margin_bytes)
+
+    @property
+    def available_bytes(self) -> int:
+        """What one more request could take now: usable - in use (negative: already over)."""
+        return self.usable_bytes - self.in_use_bytes
+
+    @property
+    def request_bytes(self) -> int:
+        """The largest recent request's need at its peak with its error: what headroom takes off."""
+        return self.available_bytes - self.headroom_bytes
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,22 @@ class LeakSuspect:
 
 
 @dataclass(frozen=True)
+class OomCauseFacts:
+    """The cause of the latest out-of-memory (``oom/cause.py``): from an ``oom`` record of this
+    process or the post-mortem of one the kernel OOM-killed."""
+    cause: str                          # request_too_big | fragmentation | outside_allocator | leak | static_over_limit | unknown
+    summary: str
+    knob: str
+    source: str                         # oom | postmortem
+    model: str
+    device: str
+    time: float | None
+    figures: Mapping[str, float]        # the byte figures that decided it (``..._bytes``)
+    max_safe_batch: int | None = None
+    dump_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything the rules look at. ``allocators``: device ("cpu", "cuda:0") -> the allocator
     figures of the latest sample (``sources/cuda_stats.py`` / ``sources/glibc.py`` keys);
@@ -53,3 +82,4 @@ class Evidence:
     leak_suspects: Sequence[LeakSuspect] = ()
     capacity: Sequence[CapacityFacts] = ()
     extra_ooms: Mapping[str, int] = field(default_factory=dict)
+    oom_cause: OomCauseFacts | None = None              # the latest OOM's cause, if one was seen

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ..units import format_bytes
-from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers
+from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers, OomCauseFacts
 from .items import Advice, Figure, severity_rank
 
 MIB = 1024 * 1024
@@ -68,10 +68,17 @@ def _capacity_for(ev: Evidence, device: str) -> list[CapacityFacts]:
 
 
 def _safe_batches(facts: Sequence[CapacityFacts]) -> str:
-    """"seq_len 512: batch 8, seq_len 2048: batch 2" over the capacity facts given, or ""."""
+    """"seq_len 512: batch 8, seq_len 2048: batch 2" over the capacity facts given, or "". Rows
+    where not even one request fits (batch 0) are left out: no one can keep a batch at 0; the
+    callers say where nothing fits (``_nothing_fits``)."""
     parts = [f"{c.model} at seq_len {s}: batch {b}" if len(facts) > 1 else f"seq_len {s}: batch {b}"
-             for c in facts for s, b in sorted(c.max_safe_batch.items())]
+             for c in facts for s, b in sorted(c.max_safe_batch.items()) if b > 0]
     return ", ".join(parts)
+
+
+def _nothing_fits(c: CapacityFacts) -> list[int]:
+    """The sequence lengths of the table at which not even a batch of one fits."""
+    return [s for s, b in sorted(c.max_safe_batch.items()) if b <= 0]
 
 
 # ---- CUDA allocator ---------------------------------------------------------------------------
@@ -212,12 +219,25 @@ def _dominant_layer(m: ModelLayers) -> tuple[str, int, float] | None:
     return None if best is None else (best[2], m.peak_increase[best[2]], best[1])
 
 
+def _named_layer(m: ModelLayers) -> tuple[str, int, float] | None:
+    """The layer layer-transient-peak names for ``m`` (path, its peak increase, its share), or None."""
+    found = _dominant_layer(m)
+    return found if found is not None and m.peak_increase.get("", 0) >= LAYER_PEAK_MIN_BYTES else None
+
+
+def advised_layer(peak_increase: Mapping[str, int]) -> str | None:
+    """The layer layer-transient-peak would name over these figures (layer path -> peak increase,
+    ``""`` the root), or None: what the series budget exports whatever its rank."""
+    found = _named_layer(ModelLayers("", "", peak_increase))
+    return found[0] if found is not None else None
+
+
 def layer_transient_peak(ev: Evidence) -> Iterable[Advice]:
     for m in ev.models:
-        found = _dominant_layer(m)
-        root = m.peak_increase.get("", 0)
-        if found is None or root < LAYER_PEAK_MIN_BYTES:
+        found = _named_layer(m)
+        if found is None:
             continue
+        root = m.peak_increase.get("", 0)
         layer, inc, share = found
         attention = any(k in layer.lower() for k in ATTENTION_MARKERS)
         what = ("Use a memory-efficient attention (torch.nn.functional.scaled_dot_product_attention, which "
@@ -277,38 +297,127 @@ def leak_suspect(ev: Evidence) -> Iterable[Advice]:
 
 # ---- capacity ----------------------------------------------------------------------------------
 
+# what raises each limit (the budget's ``limit``), for the critical near-limit action
+_RAISE = {"cuda_device": "a device with more memory", "mig": "a larger MIG slice",
+          "memory_fraction": "a larger torch.cuda.set_per_process_memory_fraction()",
+          "hami": "a larger HAMi quota (CUDA_DEVICE_MEMORY_LIMIT)",
+          "cgroup": "a larger container memory limit", "physical": "a machine with more memory",
+          "configured": "a larger capacity.limit_bytes, if the real limit allows it"}
+
+
+def _held(c: CapacityFacts) -> str:
+    """Where the memory in use is, as the budget counts it on this device and limit."""
+    if c.device.startswith("cuda"):
+        text = (f"this process's live tensors hold {format_bytes(c.in_use_bytes)} on {c.device} (other models, "
+                "KV caches, tensors kept between requests)")
+        if c.held_elsewhere_bytes > 0:
+            text += (f", and other processes and CUDA contexts {format_bytes(c.held_elsewhere_bytes)} "
+                     "(move them to another device)")
+        return text
+    return {"cgroup": f"the container's working set is {format_bytes(c.in_use_bytes)} (every process of the "
+                      "cgroup and its page cache count)",
+            "physical": f"{format_bytes(c.in_use_bytes)} of the machine's memory is in use (every process on "
+                        "it counts)",
+            "configured": f"the process's resident memory is {format_bytes(c.in_use_bytes)} (models, caches, "
+                          "objects kept between requests, freed heap not given back)",
+            }.get(c.limit, f"{format_bytes(c.in_use_bytes)} is in use")
+
+
+def _critical(c: CapacityFacts) -> tuple[str, str]:
+    """(title, action) when even one request of the largest recent size does not fit."""
+    short = -c.headroom_bytes  # what must be freed (or added) for one such request to fit
+    head = f"{c.model} on {c.device}: even one request of the largest recent size does not fit"
+    if c.available_bytes <= 0:
+        title = (f"{head}: in use ({format_bytes(c.in_use_bytes)}) is already "
+                 f"{format_bytes(-c.available_bytes)} over the usable limit ({format_bytes(c.usable_bytes)}, "
+                 f"{c.limit})")
+    else:
+        title = (f"{head}: it needs up to {format_bytes(c.request_bytes)} at its peak and "
+                 f"{format_bytes(c.available_bytes)} is available ({format_bytes(c.usable_bytes)} usable, "
+                 f"{format_bytes(c.in_use_bytes)} in use; {c.limit})")
+    steps = [f"{format_bytes(short)} must be freed or added before one request of this size fits. "
+             f"Free memory: {_held(c)}.",
+             f"Or raise the limit: {_RAISE.get(c.limit, 'a larger limit')}."]
+    if c.margin_bytes > 0:
+        steps.append(f"The usable limit already keeps a margin of {format_bytes(c.margin_bytes)} free "
+                     "(capacity.margin_ratio, capacity.margin_bytes).")
+    batches, none = _safe_batches([c]), _nothing_fits(c)
+    if batches:
+        steps.append(f"Smaller requests fit now: {batches}"
+                     + (f"; at seq_len {', '.join(map(str, none))} not even one does" if none else "") + ".")
+    elif c.available_bytes > 0:
+        steps.append("Smaller requests (fewer rows, shorter sequences) may fit: "
+                     f"{format_bytes(c.available_bytes)} is available.")
+    else:
+        steps.append("No request fits while in use is over the usable limit, however small: free memory "
+                     "or raise the limit first.")
+    return title, " ".join(steps)
+
+
 def near_limit(ev: Evidence) -> Iterable[Advice]:
     for c in ev.capacity:
         if c.headroom_bytes >= c.predicted_peak_bytes and c.headroom_bytes >= 0:
             continue
-        over = c.headroom_bytes < 0
+        figures = {"usable_bytes": Figure(c.usable_bytes, "bytes"), "in_use_bytes": Figure(c.in_use_bytes, "bytes"),
+                   "available_bytes": Figure(c.available_bytes, "bytes"),
+                   "predicted_peak_bytes": Figure(c.predicted_peak_bytes, "bytes"),
+                   "request_bytes": Figure(c.request_bytes, "bytes"),
+                   "headroom_bytes": Figure(c.headroom_bytes, "bytes"),
+                   **({"limit_bytes": Figure(c.limit_bytes, "bytes"),
+                       "held_elsewhere_bytes": Figure(c.held_elsewhere_bytes, "bytes"),
+                       "margin_bytes": Figure(c.margin_bytes, "bytes")} if c.limit_bytes > 0 else {}),
+                   **{f"max_safe_batch_seq_len_{s}": Figure(b, "batch")
+                      for s, b in sorted(c.max_safe_batch.items())}}
+        context = {"model": c.model, "device": c.device, "limit": c.limit}
+        if c.headroom_bytes < 0:
+            title, action = _critical(c)
+            yield Advice(id="near-limit", severity="critical", title=title, source=f"capacity model ({c.limit})",
+                         context=context, figures=figures, action=action)
+            continue
         batches = _safe_batches([c])
         yield Advice(
-            id="near-limit", severity="critical" if over else "warning",
-            title=(f"{c.model} on {c.device}: the largest recent request would now peak "
-                   f"{format_bytes(-c.headroom_bytes)} over its limit ({c.limit})"
-                   if over else
-                   f"{c.model} on {c.device}: {format_bytes(c.headroom_bytes)} left after the largest recent "
-                   f"request's peak, less than the {format_bytes(c.predicted_peak_bytes)} one more would need"),
-            source=f"capacity model ({c.limit})",
-            context={"model": c.model, "device": c.device, "limit": c.limit},
-            figures={"usable_bytes": Figure(c.usable_bytes, "bytes"), "in_use_bytes": Figure(c.in_use_bytes, "bytes"),
-                     "predicted_peak_bytes": Figure(c.predicted_peak_bytes, "bytes"),
-                     "headroom_bytes": Figure(c.headroom_bytes, "bytes"),
-                     **{f"max_safe_batch_seq_len_{s}": Figure(b, "batch")
-                        for s, b in sorted(c.max_safe_batch.items())}},
+            id="near-limit", severity="warning",
+            title=(f"{c.model} on {c.device}: {format_bytes(c.headroom_bytes)} left after the largest recent "
+                   f"request's peak, less than the {format_bytes(c.request_bytes)} one more would need"),
+            source=f"capacity model ({c.limit})", context=context, figures=figures,
             action=(f"Keep batches at or under the largest safe batch ({batches}); " if batches else
                     "Send smaller batches; ")
                    + "two requests of the largest recent size at once would not fit. Raise the limit, or "
                      "serve fewer concurrent requests on this device.")
 
 
+# ---- the last out-of-memory ---------------------------------------------------------------------
+
+_CAUSE_WORDS = {"request_too_big": "a request too big for the limit", "fragmentation": "fragmentation",
+                "outside_allocator": "memory outside the allocator", "leak": "a leak",
+                "static_over_limit": "static memory over the limit", "unknown": "no cause the figures show"}
+
+
+def oom_cause(ev: Evidence) -> Iterable[Advice]:
+    c: OomCauseFacts | None = ev.oom_cause
+    if c is None or c.cause == "unknown":
+        return  # an unknown cause has no knob to give: the oom advice and the record say what is known
+    figures = {k: Figure(v, "bytes") for k, v in sorted(c.figures.items())}
+    if c.max_safe_batch is not None:
+        figures["max_safe_batch"] = Figure(c.max_safe_batch, "batch")
+    if not figures:
+        return
+    where = ("the process the kernel OOM-killed" if c.source == "postmortem" else f"{c.model} on {c.device}")
+    yield Advice(
+        id="oom-cause", severity="critical",
+        title=f"the last out-of-memory ({where}) was {_CAUSE_WORDS.get(c.cause, c.cause)}: {c.summary}",
+        source="OOM record (GET /v1/dumps, kind oom)" if c.source == "oom" else "post-mortem (GET /v1/postmortem)",
+        context={"cause": c.cause, "model": c.model, "device": c.device,
+                 **({"dump_id": c.dump_id} if c.dump_id else {})},
+        figures=figures, action=c.knob[:1].upper() + c.knob[1:] + ".")
+
+
 Rule = Callable[[Evidence], Iterable[Advice]]
 RULES: tuple[Rule, ...] = (cuda_fragmentation, cache_slack, alloc_retries_and_ooms, glibc_arena_free,
-                           layer_transient_peak, leak_suspect, near_limit)
+                           layer_transient_peak, leak_suspect, near_limit, oom_cause)
 # every id an advice can have (alloc_retries_and_ooms answers two): the docs have one section each
 RULE_IDS: tuple[str, ...] = ("cuda-fragmentation", "cache-slack", "glibc-arena-free", "layer-transient-peak",
-                             "near-limit", "leak-suspect", "alloc-retries", "oom")
+                             "near-limit", "leak-suspect", "alloc-retries", "oom", "oom-cause")
 
 
 def advise(ev: Evidence) -> list[Advice]:

@@ -60,6 +60,7 @@ class ForwardRecord(threading.local):
     self_time_s = 0.0
     opened = 0                         # the forward's opening number (OpenForwards.open)
     shape: Features | None = None      # the measured root forward's shape features (memory model)
+    features: Features | None = None   # the forward's shape wherever it was read (an OOM's cause cites it)
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -300,21 +301,24 @@ class Instrumentation:
 
     def predict_peak(self, **features: int) -> Prediction:
         """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
-        with the model's error on shapes it was not fitted on and whether this shape lies outside
-        those seen. ``peak_bytes`` is None, with ``reason``, when the model cannot answer yet."""
+        with the error it carries (measured on shapes the fit was not given, grown with how far
+        outside the shapes seen this one lies: ``extrapolation_factor``). ``peak_increase_bytes`` is
+        None, with ``reason``, when the model cannot answer yet; a feature name the model never saw,
+        or one it needs and was not given, raises ``ShapeError`` naming it."""
         return self._capacity_on().predict(features, self.last_device)
 
     def fits(self, *, unknown: bool = True, **features: int) -> bool:
         """Would one forward of this shape fit in the memory its device has available now, with
-        the margin and the fit's error taken off? ``unknown`` is the answer when the model or the
-        limit cannot tell (too few shapes seen yet): letting traffic through by default."""
+        the margin and the fit's error taken off? ``unknown`` is the answer only when the model or
+        the limit cannot tell yet (too few shapes seen, no limit known): letting traffic through by
+        default. A misspelt or missing feature raises ``ShapeError``: a gate never opens on a typo."""
         return self._capacity_on().fits(self.last_device, features, unknown)
 
     def headroom(self, **features: int) -> dict[str, Any]:
-        """The ``/v1/headroom`` document: with features, the prediction and whether it fits; without,
-        the largest safe batch per sequence length."""
+        """This model's document of ``GET /v1/headroom`` (the value under its name in ``models``),
+        the same fields: with features, the prediction and whether it fits; without, the largest
+        safe batch per sequence length. ``ShapeError`` as ``predict_peak``."""
         return self._capacity_on().answer(self.last_device, features or None)
-
 
     def status(self) -> dict[str, Any]:
         """Its line in ``GET /v1/status`` (the ``ModelHandle`` contract)."""
@@ -327,6 +331,13 @@ class Instrumentation:
     def figures_note(self) -> str:
         """What the per-layer figures are read from, or why there are none (``/v1/status``)."""
         return self.attribution_method
+
+    def forward_features(self) -> Features | None:
+        """The shape of the forward this thread runs or is closing, where it was read at its opening
+        (for the memory model or the black box; None otherwise): the OOM recorder, an observer
+        called as the forward closes, cites it in the OOM's cause."""
+        tls = getattr(self, "_tls", None)
+        return getattr(tls, "features", None)
 
     def add_observer(self, observer: ForwardObserver) -> None:
         """Hear of this handle's forwards and captures (``handle.ForwardObserver``); the composition root
@@ -443,6 +454,7 @@ class Instrumentation:
             self._begin_root_reading(opener, t)
         if tls.state is not None and not path and self.capacity is not None:
             tls.shape = self._shape(args, kwargs)
+        tls.features = tls.shape
 
     def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:
         """Start measuring this thread's forward per layer (``cap``: the capture that claimed it)."""

@@ -17,6 +17,9 @@ seq and the payload. A slot the writer was killed in the middle of fails its crc
 as torn and left out, never misread. The state and flight slots are written alternately into two
 copies (A/B); the reader takes the valid copy with the higher seq, so a torn write of one of them
 leaves the previous value readable. A flight slot whose payload is ``{}`` is free.
+
+The payloads are JSON objects whose keys are only ever added (``PAYLOAD_VERSION`` in the identity
+says which were written); the layout's ``VERSION`` changes only with the binary layout.
 """
 from __future__ import annotations
 
@@ -30,7 +33,12 @@ from typing import Any, Mapping
 from ..errors import BlackBoxFormatError
 
 MAGIC = b"MPBB"
-VERSION = 1
+VERSION = 1            # the binary layout (header, slots): a reader refuses another
+# what the JSON payloads hold, in the identity slot: 2 adds a forward's prediction to its flight slot
+# (``device``, ``unit``, ``predicted_peak_bytes``, ``max_safe_batch``) and the leak detector's suspect
+# to a tick (``leak``). Payload keys are only ever added: a reader takes a missing key as not
+# recorded, so files of either version read alike.
+PAYLOAD_VERSION = 2
 HEADER = struct.Struct("<4sHHIIIIIIQ20xI")  # magic, version, 0, 4 slot sizes, 2 counts, file size, crc
 HEADER_SIZE = 64
 SLOT_HEAD = struct.Struct("<IIQ")            # payload length, crc32(seq + payload), seq

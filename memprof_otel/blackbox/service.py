@@ -29,7 +29,8 @@ from ..config import BlackboxConfig
 from ..timeline import Sample
 from . import kernel
 from .classify import REASONS, KernelView, classify, ended_unix
-from .format import FILE_SUFFIX, Contents, Layout, dumps, samples_for
+from .figures import cause_of
+from .format import FILE_SUFFIX, FLIGHT_SLOT, PAYLOAD_VERSION, SLOT_HEAD, Contents, Layout, dumps, samples_for
 from .scan import SKIP_REASONS, scan
 from .writer import Writer
 
@@ -63,7 +64,7 @@ def _usable_dir(folder: Path, private: bool) -> str | None:
     return None
 
 
-def _sample_body(s: Sample, extra: Mapping[str, int]) -> bytes:
+def _sample_body(s: Sample, extra: Mapping[str, Any]) -> bytes:
     d = s.to_dict()
     d.update(extra)
     body = dumps(d)
@@ -87,19 +88,30 @@ def postmortem(c: Contents, reason: str, evidence: list[str]) -> dict[str, Any]:
             "near_limit": near if isinstance(near, dict) else None,
             "in_flight": [{"model": f.get("model"), "features": f.get("features") or {}, "layer": f.get("layer", ""),
                            "operation": f.get("operation"), "started_unix": f.get("started_unix"),
-                           "limit_reached": bool(f.get("limit_reached"))} for f in c.flight],
+                           "limit_reached": bool(f.get("limit_reached")),
+                           **{k: f[k] for k in _PREDICTION if k in f}} for f in c.flight],
             "samples": c.samples, "torn_slots": c.torn,
+            "cause": cause_of(c, reason, limit).to_dict(),
             "sampler_interval_seconds": ident.get("interval"), "window_seconds": ident.get("window")}
 
 
+# what the black box writes beside a forward in flight from payload version 2 on: its predicted peak
+# and largest safe batch, for the cause of an OOM kill (``figures.py``)
+_PREDICTION = ("device", "unit", "predicted_peak_bytes", "max_safe_batch")
+_FLIGHT_BODY_MAX = FLIGHT_SLOT - SLOT_HEAD.size
+
+
 class _Flight:
-    __slots__ = ("model", "root", "features", "operation", "started", "state", "layer", "limit_reached", "written")
+    __slots__ = ("model", "root", "features", "operation", "started", "state", "layer", "limit_reached", "written",
+                 "prediction", "predicted_written")
 
     def __init__(self, model: str, root: str, features: Mapping[str, int] | None, operation: str | None,
                  started: float, state: Any) -> None:
         self.model, self.root, self.features, self.operation = model, root, features, operation
         self.started, self.state, self.layer, self.limit_reached = started, state, root, False
         self.written = False  # its start time is in the file (the first tick writes it)
+        self.prediction: dict[str, Any] | None = None  # asked once, on a tick, outside the lock
+        self.predicted_written = False
 
     def innermost(self) -> str:
         """The deepest layer this attributed forward is in now (its root when not attributed)."""
@@ -111,19 +123,30 @@ class _Flight:
         return inner if isinstance(inner, str) else self.root
 
     def body(self) -> bytes:
-        return dumps({"started_unix": self.started, "model": self.model, "features": dict(self.features or {}),
-                      "layer": self.layer, "operation": self.operation, "limit_reached": self.limit_reached})
+        d = {"started_unix": self.started, "model": self.model, "features": dict(self.features or {}),
+             "layer": self.layer, "operation": self.operation, "limit_reached": self.limit_reached}
+        if self.prediction:
+            body = dumps({**d, **{k: self.prediction[k] for k in _PREDICTION if k in self.prediction}})
+            if len(body) <= _FLIGHT_BODY_MAX:  # a long layer path and model name keep the slot
+                return body
+        return dumps(d)
 
 
 class BlackBox:
     """``store_json(doc, kind, model)`` stores a dump; ``operation()`` names the operation the
-    calling thread is in; ``on_postmortem(doc)`` tells the exporters (an OTel log record)."""
+    calling thread is in; ``on_postmortem(doc)`` tells the exporters (an OTel log record);
+    ``predict(model, features)`` a forward's predicted peak and safe batch (``_PREDICTION`` keys);
+    ``leak()`` the leak detector's suspect on the host now, if any (written with each tick)."""
 
     def __init__(self, store_json: Callable[[dict[str, Any], str, str], Any],
                  operation: Callable[[], str | None],
-                 on_postmortem: Callable[[dict[str, Any]], None] = lambda doc: None) -> None:
+                 on_postmortem: Callable[[dict[str, Any]], None] = lambda doc: None,
+                 predict: Callable[[str, Mapping[str, int]], Mapping[str, Any]] = lambda model, features: {},
+                 leak: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
         self._store_json = store_json
+        self._leak = leak
         self._operation = operation
+        self._predict = predict
         self._on_postmortem = on_postmortem
         self._lock = threading.Lock()
         self._writer: Writer | None = None
@@ -180,7 +203,8 @@ class BlackBox:
         layout = Layout(samples_for(cfg.window, interval_s))
         identity = {"pid": pid, "start_ticks": ticks, "uid": os.geteuid(), "service": service_name,
                     "host": os.uname().nodename, "started_unix": time.time(), "interval": interval_s,
-                    "window": cfg.window, "cgroup": self._cg.path if self._cg is not None else None,
+                    "window": cfg.window, "payload_version": PAYLOAD_VERSION,
+                    "cgroup": self._cg.path if self._cg is not None else None,
                     "cgroup_version": self._cg.version if self._cg is not None else None}
         name = f"{pid}-{ticks or 0}{FILE_SUFFIX}"
         path = str(folder / name)
@@ -301,10 +325,27 @@ class BlackBox:
             if f is None:
                 continue
             layer = f.innermost()
-            if not f.written or layer != f.layer or (limit_reached and not f.limit_reached):
+            predicted = bool(f.prediction) and not f.predicted_written
+            if not f.written or layer != f.layer or (limit_reached and not f.limit_reached) or predicted:
                 f.layer = layer
                 f.limit_reached = f.limit_reached or limit_reached
                 f.written = w.update_flight(idx, f.body())
+                f.predicted_written = f.written and bool(f.prediction)
+
+    def _predict_flights(self) -> None:
+        """Ask each forward in flight for its predicted peak once, on the sampler's thread and outside
+        the lock (the forward path's ``closed`` takes it; a budget read may touch the device)."""
+        for f in list(self._flight):
+            if f is None or f.prediction is not None:
+                continue
+            if not f.features:
+                f.prediction = {}
+                continue
+            try:
+                f.prediction = dict(self._predict(f.model, f.features))
+            except Exception as e:  # a prediction is an extra: the record goes on without it
+                f.prediction = {}
+                log.debug("memprof_otel: black box prediction failed: %r", e)
 
     # ---- the sampler's tick and the kernel's notifications ---------------------------------------
     def on_sample(self, s: Sample) -> None:
@@ -315,10 +356,17 @@ class BlackBox:
                 self.start(cfg, service, interval)
             if self._writer is None:
                 return
-        extra = kernel.counters(self._cg)
+        extra: dict[str, Any] = dict(kernel.counters(self._cg))
         if "limit_bytes" not in extra and "memory_limit_bytes" in s.process:
             extra["limit_bytes"] = int(s.process["memory_limit_bytes"])
+        try:
+            leak = self._leak()
+        except Exception:  # a suspect is an extra: the tick is written without it
+            leak = None
+        if leak:
+            extra["leak"] = dict(leak)
         body = _sample_body(s, extra)
+        self._predict_flights()
         with self._lock:
             w = self._writer
             if w is not None:
@@ -378,6 +426,18 @@ class BlackBox:
             except Exception as e:
                 log.debug("memprof_otel: post-mortem export failed: %r", e)
 
+    def last_cause(self) -> dict[str, Any] | None:
+        """The cause of the latest OOM kill among the post-mortems, with when and where (the advice
+        cites it); None when none was OOM-killed."""
+        killed = [d for d in self.postmortems if d.get("reason") == "oom_kill" and d.get("cause")]
+        if not killed:
+            return None
+        doc = max(killed, key=lambda d: d.get("ended_unix") or 0.0)
+        models = sorted({f["model"] for f in doc["in_flight"] if isinstance(f.get("model"), str)})
+        return {"source": "postmortem", "time": doc.get("ended_unix"), "pid": doc.get("pid"),
+                "model": models[0] if models else "", "device": "cpu", "dump_id": doc.get("dump_id"),
+                **doc["cause"]}
+
     def document(self, wait_s: float = 5.0) -> dict[str, Any]:
         """The ``GET /v1/postmortem`` document (waits up to ``wait_s`` for a scan under way)."""
         self._scan_done.wait(wait_s)
@@ -402,4 +462,6 @@ def span_attributes(doc: Mapping[str, Any]) -> dict[str, Any]:
             "memprof.postmortem.in_flight": len(flight),
             "memprof.model": str(first.get("model") or ""), "memprof.layer": str(first.get("layer") or ""),
             "memprof.postmortem.features": dumps(first.get("features") or {}).decode(),
-            "memprof.postmortem.dump_id": str(doc.get("dump_id") or "")}
+            "memprof.postmortem.dump_id": str(doc.get("dump_id") or ""),
+            "memprof.postmortem.cause": str((doc.get("cause") or {}).get("cause") or ""),
+            "memprof.postmortem.knob": str((doc.get("cause") or {}).get("knob") or "")}

@@ -10,7 +10,7 @@ from typing import Callable
 
 import psutil
 
-from ..sources import process_hwm, registry
+from ..sources import in_flight_levels, process_hwm, registry
 from .budget import Budget, cuda_budget, hami_limit, host_budget, tighter
 
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
@@ -40,6 +40,13 @@ def in_flight_excess() -> int:
         return 0
     rss = resident_now()
     return max(0, rss - start) if rss is not None else 0
+
+
+def cuda_between_forwards(device: str, allocated: int) -> int:
+    """The allocator's allocated bytes as they were between forwards: a reading taken while a
+    forward runs holds its transient, which the answer about a request (its predicted peak on top)
+    would count twice. Only forwards whose start was read are known (``kernel_reading``)."""
+    return allocated - in_flight_levels.shared().excess(device, allocated)
 
 
 class BudgetReader:
@@ -73,10 +80,11 @@ class BudgetReader:
         return budget, why
 
     def _process_in_use(self, device: str) -> int | None:
-        """What counts against ``capacity.limit_bytes``: RSS on CPU, allocated bytes on CUDA."""
+        """What counts against ``capacity.limit_bytes``: RSS on CPU, allocated bytes on CUDA (each
+        without the transient of the forwards in flight)."""
         if device.startswith("cuda"):
             src = registry.cuda_allocator(int(device.partition(":")[2] or 0))
-            return src.reading().allocated if src is not None else None
+            return cuda_between_forwards(device, src.reading().allocated) if src is not None else None
         rss = resident_now()
         return rss - process_hwm.shared().in_flight_excess(rss) if rss is not None else None
 
@@ -91,8 +99,11 @@ class BudgetReader:
                 return None, f"{device}: CUDA is not initialised in this process yet"
             free, total, mig = mem
             r = src.reading()
-            return cuda_budget(device, total, free, r.reserved, r.allocated, mig, self.margin_ratio, self.margin_bytes,
-                               fraction=src.memory_fraction(), hami_bytes=hami_limit(index, os.environ)), None
+            # held elsewhere (total - free - reserved) is untouched by a forward in flight: the
+            # segments it reserved leave free and join reserved alike
+            return cuda_budget(device, total, free, r.reserved, cuda_between_forwards(device, r.allocated), mig,
+                               self.margin_ratio, self.margin_bytes, fraction=src.memory_fraction(),
+                               hami_bytes=hami_limit(index, os.environ)), None
         if device != "cpu":
             return None, f"no memory limit is known for device {device!r}"
         cg = registry.cgroup()

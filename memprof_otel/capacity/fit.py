@@ -6,7 +6,7 @@ The family (``terms``). A transformer forward's transient peak is a sum of tenso
 products of batch ``b``, sequence length ``s`` and, in a decode step, the cache length ``c``:
 activations ``b*s*d``, eager attention scores ``b*h*s*(s+c)``, a KV cache ``b*(s+c)*d``; weights
 and workspaces add a constant. So ``peak = k0 + k1*b + k2*b*s + k3*b*s^2 + k4*b*c + k5*b*s*c``
-with every ``k >= 0``: SDPA / flash attention only make ``k3`` small. The non-negativity keeps
+(plus ``k6*b*l`` where ``generate()`` computes the logits of ``l`` positions only) with every ``k >= 0``: SDPA / flash attention only make ``k3`` small. The non-negativity keeps
 the fitted peak increasing in every feature, which the largest-safe-batch search relies on, and
 stops two nearly collinear terms from cancelling out into nonsense outside the shapes seen.
 Other feature sets (a user ``shape_of``) get a constant, each feature, and each pairwise product.
@@ -37,6 +37,7 @@ def terms_for(names: Iterable[str]) -> list[Term]:
             terms += [(BATCH, CACHE_LEN)]
             if SEQ_LEN in names:
                 terms += [(BATCH, SEQ_LEN, CACHE_LEN)]
+        # the language-model head: b * positions * vocabulary, all positions unless logits_to_keep cut them
         terms += [(BATCH, f) for f in sorted(names - {BATCH, SEQ_LEN, CACHE_LEN})]
         return terms
     ordered = sorted(names)

@@ -17,11 +17,12 @@ from typing import Any, Mapping, NamedTuple
 
 from .._callouts import calls_application
 from ..config import CapacityConfig
-from ..sources import process_hwm, registry
+from ..sources import mmap_threshold, process_hwm, registry
 from .budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
 from .budget_reader import BudgetReader, resident_now
-from .model import PREFILL, MemoryModel, Prediction, key_of, regime_of
-from .shapes import BATCH, CACHE_LEN, SEQ_LEN, Features, ShapeError, ShapeOf, checked, default_shape_of
+from ..errors import ShapeError
+from .model import PREFILL, FitState, MemoryModel, Prediction, SafeLimit, family_of, key_of, names_text, regime_of
+from .shapes import BATCH, CACHE_LEN, LOGITS, SEQ_LEN, Features, ShapeOf, canonical, checked, default_shape_of
 
 TABLE_ROWS = 8  # sequence lengths in the max-safe-batch table when none are configured
 # shapes whose tensor peak is under this say nothing of the gap between the two figures: the
@@ -52,8 +53,9 @@ class Capacity:
     def __init__(self, config: CapacityConfig, shape_of: ShapeOf | None = None,
                  budgets: BudgetReader | None = None) -> None:
         self.config = config
-        self.model = MemoryModel(config.max_shapes)   # tensor figures
-        self.kernel = MemoryModel(config.max_shapes)  # the same forwards in the units their limit counts
+        standard = shape_of is None  # the default features: their names are known before any forward
+        self.model = MemoryModel(config.max_shapes, standard=standard)   # tensor figures
+        self.kernel = MemoryModel(config.max_shapes, standard=standard)  # the same forwards in the units their limit counts
         self.kernel_unit: str | None = None           # which units (None: no such reading yet)
         self.kernel_readings = 0
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
@@ -144,6 +146,15 @@ class Capacity:
         segment), so the largest excess of reserved growth over allocated seen is added."""
         if self.kernel_unit == CUDA_RESERVED:
             return Answering(self.model, CUDA_RESERVED, 1.0, float(self.gap_bytes() or 0), None)
+        if self.kernel_unit == PROCESS_RESIDENT and mmap_threshold.state().fixed:
+            # glibc's mmap threshold fixed (sources/mmap_threshold.py): every block over it is mapped
+            # fresh and unmapped at free, so a forward's resident rise is its tensors plus what the
+            # small blocks left in the heap add, a few MiB whatever the batch (measured: 472.9 MiB for
+            # 473.0 MiB of tensors at batch 43): the largest excess seen is added in bytes, and no
+            # credit is taken for heap pages, which blocks over the threshold never reuse
+            gap_bytes = self.gap_bytes()
+            if gap_bytes is not None:
+                return Answering(self.model, PROCESS_RESIDENT, 1.0, float(gap_bytes), None)
         gap = self.gap_ratio()
         if self.kernel_unit is not None and gap is not None:
             scale = max(1.0, gap)
@@ -163,9 +174,20 @@ class Capacity:
         return Answering(self.model, TENSOR, 1.0, 0.0, why)
 
     # ---- questions -------------------------------------------------------------------------
-    def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
+    def question(self, features: Mapping[str, int]) -> Features:
+        """A caller's shape, checked: whole non-negative numbers (a batch and a sequence length of at
+        least 1), under names the model's calls give (``MemoryModel.check``): ShapeError otherwise."""
         feats = checked(features)
-        a = self.answering(regime_of(feats), device)
+        if self.model.standard:
+            for name in (BATCH, SEQ_LEN):
+                if feats.get(name) == 0:
+                    raise ShapeError(f"{name} must be at least 1, got 0", (name,))
+        self.model.check(feats)
+        return feats
+
+    def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
+        feats = self.question(features)
+        a = self.answering(regime_of(canonical(feats)), device)
         p = a.model.predict(feats)
         # never below the tensor figure's own upper bound: pages the heap kept may be reused (the
         # credit), but the forward's tensors are a floor the kernel counts whatever the heap held
@@ -176,7 +198,9 @@ class Capacity:
 
     def fits(self, device: str, features: Mapping[str, int], unknown: bool = True) -> bool:
         """Would a forward of this shape fit now? The prediction plus its error against what the
-        device has available; ``unknown`` when the model or the limit cannot answer."""
+        device has available; ``unknown`` when the model or the limit cannot answer yet. A feature
+        the model never saw, or one it needs and was not given, is a ShapeError, never ``unknown``:
+        a gate with a typo must fail at its first request, not stay open."""
         p = self.predict(features, device)
         if p.upper_bytes is None:
             return unknown
@@ -185,43 +209,93 @@ class Capacity:
             return unknown
         return p.upper_bytes <= budget.available_bytes
 
-    def table_seq_lens(self, model: MemoryModel | None = None) -> list[int]:
+    def table_state(self, model: MemoryModel | None = None) -> tuple[FitState | None, str | None]:
+        """The fit the max-safe-batch table is read from: the prompts of the kind of call with a
+        ``batch`` feature and the most forwards; else None and why."""
+        model = model or self.model
+        kinds = model.kinds()
+        if not kinds:
+            return None, "no forward measured yet"
+        mine = [st for st in model.states().values() if st.regime == PREFILL and BATCH in st.base]
+        if not mine:
+            if not any(BATCH in b for b in kinds):
+                return None, (f"the max-safe-batch table needs a feature named {BATCH!r}: the model's features are "
+                              f"{names_text(set().union(*kinds))} (a shape_of names its batch dimension 'batch')")
+            return None, "no prompt (cache_len 0) measured yet"
+        st = max(mine, key=lambda s: kinds.get(s.base, 0))
+        if st.reason is not None:
+            return None, st.reason
+        return st, None
+
+    def table_seq_lens(self, model: MemoryModel | None = None, state: FitState | None = None) -> list[int]:
         if self.config.seq_lens:
             return list(self.config.seq_lens)
-        seen = sorted({r.features[SEQ_LEN] for r in (model or self.model).shapes() if SEQ_LEN in r.features})
+        shapes = (model or self.model).shapes()
+        if state is not None:
+            shapes = [r for r in shapes if family_of(r.features) == (state.regime, state.base)]
+        seen = sorted({r.features[SEQ_LEN] for r in shapes if SEQ_LEN in r.features})
         return seen[-TABLE_ROWS:]
 
-    def _fixed_others(self, shapes: list[Any], leave: set[str]) -> dict[str, int]:
-        """Features other than those asked about: a KV cache's length at 0 (the table is of
-        prompts: what a decode step adds is in use already, and the cache's growth is in the
-        allocator's level), any other at its largest value seen (conservative)."""
-        out: dict[str, int] = {}
-        for r in shapes:
-            for k, v in r.features.items():
-                if k not in leave:
-                    out[k] = 0 if k == CACHE_LEN else max(out.get(k, 0), v)
-        return out
+    @staticmethod
+    def _fixed_others(st: FitState, leave: set[str]) -> dict[str, int]:
+        """Features other than those asked about, at their largest value seen (conservative). A KV
+        cache's length is 0 (the table is of prompts: what a decode step adds is in use already, and
+        the cache's growth is in the allocator's level) and every position's logits are computed
+        (a plain forward's, the larger): both implied, so left out."""
+        return {n: hi for n, (_, hi) in st.ranges.items() if n not in leave | {CACHE_LEN, LOGITS}}
+
+    def table(self, available: int, device: str = "cpu") -> tuple[list[dict[str, Any]], str | None]:
+        """The max-safe-batch table: one row per sequence length (one row, ``seq_len`` None, for a
+        model without one), each with the largest safe batch or why it is not known, how far outside
+        the shapes seen it lies and the error it carries; or no rows and why."""
+        a = self.answering(PREFILL, device)
+        st, why = self.table_state(a.model)
+        if st is None:
+            return [], why
+        others = self._fixed_others(st, {BATCH, SEQ_LEN})
+        lens: list[int | None] = list(self.table_seq_lens(a.model, st)) if SEQ_LEN in st.names else [None]
+        rows = []
+        for s in lens:
+            fixed = {**others, SEQ_LEN: s} if s is not None else others
+            r = a.model.safe_limit(available, fixed, BATCH, scale=a.scale, extra=a.extra,
+                                   max_extrapolation=self.config.max_extrapolation, state=st)
+            d = r.to_dict()
+            rows.append({"seq_len": s, "batch": d.pop("value"), **d})
+        return rows, None
 
     def max_safe_batches(self, available: int, device: str = "cpu") -> dict[int, int]:
-        a = self.answering(PREFILL, device)
-        shapes = a.model.shapes()
-        if not shapes or BATCH not in shapes[0].features:
-            return {}
-        others = self._fixed_others(shapes, {BATCH, SEQ_LEN})
+        """Sequence length -> the largest batch known to fit (the metric's series): a row's answer,
+        or where it lies past ``capacity.max_extrapolation``, its ``at_least`` (a lower bound, the
+        safe side); rows not known at all are left out."""
         out = {}
-        for s in self.table_seq_lens(a.model):
-            n = a.model.max_safe(available, {**others, SEQ_LEN: s}, BATCH, scale=a.scale, extra=a.extra)
-            if n is not None:
-                out[s] = n
+        for r in self.table(available, device)[0]:
+            n = r["batch"] if r["batch"] is not None else r["at_least"]
+            if r["seq_len"] is not None and n is not None:
+                out[r["seq_len"]] = n
         return out
 
-    def max_safe_seq_len(self, available: int, batch: int, device: str = "cpu") -> int | None:
+    def max_safe_seq_len(self, available: int, batch: int, device: str = "cpu") -> SafeLimit:
         a = self.answering(PREFILL, device)
-        shapes = a.model.shapes()
-        if not shapes or SEQ_LEN not in shapes[0].features or BATCH not in shapes[0].features:
+        st, why = self.table_state(a.model)
+        if st is None or SEQ_LEN not in st.names:
+            return SafeLimit(None, None, None, why or "the model has no seq_len feature")
+        others = self._fixed_others(st, {BATCH, SEQ_LEN})
+        return a.model.safe_limit(available, {**others, BATCH: batch}, SEQ_LEN, scale=a.scale, extra=a.extra,
+                                  max_extrapolation=self.config.max_extrapolation, state=st)
+
+    def max_safe_batch_for(self, features: Mapping[str, int], device: str = "cpu") -> int | None:
+        """The largest batch that fits now with the request's other features as they are (its
+        seq_len, its cache): the knob an OOM's cause names. None without a budget, a ``batch``
+        feature or an answer from the model."""
+        feats = checked(features)
+        if BATCH not in feats:
             return None
-        others = self._fixed_others(shapes, {BATCH, SEQ_LEN})
-        return a.model.max_safe(available, {**others, BATCH: batch}, SEQ_LEN, scale=a.scale, extra=a.extra)
+        budget, _ = self.budgets.read(device)
+        if budget is None:
+            return None
+        a = self.answering(regime_of(feats), device)
+        fixed = {k: v for k, v in feats.items() if k != BATCH}
+        return a.model.max_safe(budget.available_bytes, fixed, BATCH, scale=a.scale, extra=a.extra)
 
     def figures(self, device: str, now_unix: float | None = None) -> CapacityFigures:
         now = time.time() if now_unix is None else now_unix
@@ -231,28 +305,38 @@ class Capacity:
         predicted = measured = headroom = None
         if largest is not None:
             measured = largest.peak
-            p = self.predict(largest.features, device)
-            if p.peak_bytes is not None:
-                predicted = float(p.peak_bytes)
+            try:  # a shape the model itself learnt: its names always check
+                p = self.predict(largest.features, device)
+            except ShapeError:
+                p = None
+            if p is not None and p.peak_increase_bytes is not None:
+                predicted = float(p.peak_increase_bytes)
                 if budget is not None and p.upper_bytes is not None:
                     headroom = float(budget.available_bytes - p.upper_bytes)
         table = self.max_safe_batches(budget.available_bytes, device) if budget is not None else {}
         return CapacityFigures(device, predicted, measured, headroom, model.error_ratio, table, budget, unit)
 
     def answer(self, device: str, features: Mapping[str, int] | None) -> dict[str, Any]:
-        """The ``/v1/headroom`` document for this model (``features`` None: the table)."""
+        """The model's document in ``/v1/headroom`` (``features`` None: the table), the same from
+        ``h.headroom()``. ShapeError for a shape the model cannot be asked about."""
+        if features is not None:
+            features = self.question(features)
         budget, why_no_limit = self.budgets.read(device)
-        a = self.answering(regime_of(features) if features is not None else PREFILL, device)
+        a = self.answering(regime_of(canonical(features)) if features is not None else PREFILL, device)
         model, unit = a.model, a.unit
-        doc: dict[str, Any] = {"device": device, "unit": unit, "unit_note": a.note, "gap_ratio": self.gap_ratio(),
+        doc: dict[str, Any] = {"enabled": True, "device": device, "unit": unit, "unit_note": a.note,
+                               "gap_ratio": self.gap_ratio(),
                                "gap_bytes": self.gap_bytes(), "reuse_credit_bytes": int(max(0.0, -a.extra)),
+                               "heap": mmap_threshold.state().to_dict() if device == "cpu" else None,
                                "kernel_readings": self.kernel_readings, "model_fit": model.describe(),
+                               "note": model.kinds_note(),
                                "budget": budget.to_dict() if budget is not None else None,
                                "budget_reason": why_no_limit,
                                "shapes": [r.to_dict() for r in sorted(model.shapes(),
                                                                       key=lambda r: sorted(r.features.items()))],
                                "shape_errors": self.shape_errors, "root_readings": self.root_readings,
-                               "root_readings_dropped": self.root_readings_dropped}
+                               "root_readings_dropped": self.root_readings_dropped,
+                               "max_extrapolation": self.config.max_extrapolation}
         if features is not None:
             p = self.predict(features, device)
             doc["prediction"] = p.to_dict()
@@ -263,13 +347,16 @@ class Capacity:
             doc["fits"] = fits
             return doc
         if budget is not None:
-            doc["max_safe_batch"] = {str(k): v for k, v in self.max_safe_batches(budget.available_bytes,
-                                                                                  device).items()}
+            rows, why = self.table(budget.available_bytes, device)
+            doc["max_safe_batch"] = {("any" if r["seq_len"] is None else str(r["seq_len"])): r["batch"] for r in rows}
+            doc["max_safe_batch_rows"] = rows
+            doc["max_safe_batch_reason"] = why
             if self.config.batch is not None:
-                doc["max_safe_seq_len"] = {"batch": self.config.batch,
-                                           "seq_len": self.max_safe_seq_len(budget.available_bytes,
-                                                                            self.config.batch, device)}
+                r = self.max_safe_seq_len(budget.available_bytes, self.config.batch, device).to_dict()
+                doc["max_safe_seq_len"] = {"batch": self.config.batch, "seq_len": r.pop("value"), **r}
+        else:
+            doc["max_safe_batch_reason"] = f"no limit known: {why_no_limit}"
         return doc
 
 
-__all__ = ["Capacity", "CapacityFigures", "ShapeError"]
+__all__ = ["Capacity", "CapacityFigures", "ShapeError"]  # ShapeError: its home is memprof_otel.errors

@@ -1,6 +1,6 @@
 """Ask a running endpoint about the processes of its service that ended without a clean shutdown:
-why (``oom_kill``, ``killed``, ``exited``) and on what evidence, the forwards in flight (model,
-shape, layer) and the memory of their last seconds.
+why (``oom_kill``, ``killed``, ``exited``) and on what evidence, the cause of an OOM kill with the
+knob to change, the forwards in flight (model, shape, layer) and the memory of their last seconds.
 
 Example: ``memprof-otel postmortem --url http://127.0.0.1:9464``; ``--json`` prints the
 endpoint's document. Exits 3 when one of them was OOM-killed (a CI or a canary can act on it).
@@ -64,6 +64,11 @@ def render(doc: dict[str, Any]) -> str:
             lines.append(f"  in flight: {f.get('model')} [{shape}] in layer {f.get('layer') or '(root)'}"
                          + (f", operation {f['operation']}" if f.get("operation") else "")
                          + (" — the limit was reached during it" if f.get("limit_reached") else ""))
+        cause = p.get("cause")
+        if isinstance(cause, dict) and cause.get("cause"):
+            lines.append(f"  cause: {cause['cause']}: {cause.get('summary', '')}")
+            if cause.get("cause") != "unknown" and cause.get("knob"):
+                lines.append(f"  knob: {cause['knob']}")
         samples = p.get("samples") or []
         if samples:
             lines.append(f"  {len(samples)} samples over its last {samples[-1]['t'] - samples[0]['t']:.1f} s: "

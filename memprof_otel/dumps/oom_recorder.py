@@ -2,7 +2,9 @@
 
 It counts the OOM, finds the failing layer (from the attribution stack when the forward was being
 attributed, else from the traceback's module frames), and stores a dump with the last samples, the
-open operations and the layer's stats. It never swallows or changes the exception: it observes the
+open operations and the layer's stats, and the OOM's cause with the figures that decide it and
+the knob to change (``oom/cause.py``; the figures are gathered by the ``explain`` function the
+composition root hands it, which reads the memory model and the leak watch). It never swallows or changes the exception: it observes the
 forward's end, and the error continues up the caller's stack as it was. It is a forward observer
 (``attribution/handle.py``) that the composition root registers on every handle, and
 reads the process history and stores its dump through the functions it was built with.
@@ -52,17 +54,20 @@ class OomRecorder:
     """``samples()``: the sampler's recent samples; ``operations()``: the operation records;
     ``count_oom(device)``: counts an OOM the device's allocator does not count itself;
     ``store(doc, kind, model)``: stores the flight record (the dump service's ``store_json``);
+    ``explain(h, exc)``: the OOM's cause (``Cause.to_dict()``), None where nothing explains;
     ``memory()``: the memory breakdown (``GET /v1/memory``'s document), carried in the record."""
 
     def __init__(self, samples: Callable[[], list[Sample]], operations: Callable[[], list[OperationRecord]],
                  count_oom: Callable[[str], None],
                  store: Callable[[dict[str, Any], str, str], DumpInfo | None],
+                 explain: Callable[[Any, BaseException], dict[str, Any] | None] | None = None,
                  memory: Callable[[], dict[str, Any]] | None = None) -> None:
         self._samples = samples
         self._memory = memory  # where the memory went at the last sampler tick (GET /v1/memory's)
         self._operations = operations
         self._count_oom = count_oom
         self._store = store
+        self._explain = explain
         self.records: list[dict[str, Any]] = []
 
     def forward_begin(self, h: ObservedModel, state: Any) -> None:
@@ -83,6 +88,7 @@ class OomRecorder:
             "samples": [s.to_dict() for s in samples],
             "open_operations": [r.to_dict() for r in self._operations() if r.open],
             "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
+            "cause": self._cause(h, exc),
         }
         if self._memory is not None:
             try:
@@ -93,8 +99,28 @@ class OomRecorder:
         doc["dump_id"] = info.id if info is not None else None
         self.records.append(doc)
         del self.records[:-20]
-        rate_limited.warning("oom", "memprof_otel: %s raised out-of-memory in layer %r on %s; flight "
-                             "record %s", h.name, layer, device, doc["dump_id"])
+        cause = doc["cause"] or {}
+        rate_limited.warning("oom", "memprof_otel: %s raised out-of-memory in layer %r on %s: %s (%s); flight "
+                             "record %s", h.name, layer, device, cause.get("cause", "unknown"),
+                             cause.get("knob", ""), doc["dump_id"])
+
+    def _cause(self, h: ObservedModel, exc: BaseException) -> dict[str, Any] | None:
+        """The cause, or None: gathering its figures never stops the record being kept."""
+        if self._explain is None:
+            return None
+        try:
+            return self._explain(h, exc)
+        except Exception as e:
+            rate_limited.warning("oom-cause", "memprof_otel: the OOM's cause could not be read: %r", e)
+            return None
+
+    def last_cause(self) -> dict[str, Any] | None:
+        """The latest OOM record's cause with when and where it happened (the advice cites it)."""
+        for doc in reversed(self.records):
+            if doc.get("cause"):
+                return {"source": "oom", "time": doc["time"], "model": doc["model"], "device": doc["device"],
+                        "dump_id": doc.get("dump_id"), **doc["cause"]}
+        return None
 
     def capture_done(self, h: ObservedModel, cap: Any) -> None:
         return None

@@ -37,6 +37,9 @@ LEFT_OUT: frozenset[str] = frozenset({
     "memprof_process_virtual_memory_bytes", "memprof_process_children_resident_memory_bytes",
     "memprof_process_io_read_bytes_total", "memprof_process_io_write_bytes_total",
     "memprof_container_memory_usage_bytes",
+    # the kernel's early warnings of an OOM kill: MemprofContainerMemoryFullSoon reads the working
+    # set and the limit; in Kubernetes the kubelet's cAdvisor exports the container's PSI and failcnt
+    "memprof_memory_pressure_stall_seconds_total", "memprof_container_memory_events_total",
     # the exporter's own detail: its errors, sources and sampler health stay
     "memprof_http_connection_errors_total", "memprof_events_dropped_total",
     "memprof_forwards_unattributed_total", "memprof_dumps_total",

@@ -25,7 +25,7 @@ from ..advice import SEVERITIES
 from ..advice.adapter import Advisor
 from .._version import __version__
 from ..config import Config, ConfigError, HttpConfig, LeaksConfig
-from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, UnknownModel)
+from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, ShapeError, UnknownModel)
 from ..attribution.registry import live_handles
 from ..blackbox.service import BlackBox
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
@@ -491,7 +491,10 @@ class Endpoint:
             if h.capacity is None:
                 out[h.name] = {"enabled": False, "reason": "the memory model is off (capacity.enabled: false)"}
             else:
-                out[h.name] = {"enabled": True, **h.headroom(**features)}
+                try:
+                    out[h.name] = h.headroom(**features)
+                except ShapeError as e:  # a feature the model never saw, or one it needs: the caller's input
+                    raise HttpError(400, "bad_shape", str(e)) from None
         doc: dict[str, Any] = {"models": out}
         if not handles:
             doc["reason"] = "no model is instrumented in this process"

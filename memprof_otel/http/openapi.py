@@ -10,6 +10,7 @@ from typing import Any
 from .._version import __version__
 from ..advice import RULE_IDS, SEVERITIES
 from ..advice.items import UNITS
+from ..oom.cause import CAUSES
 from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT)
 
@@ -198,8 +199,18 @@ def _schemas() -> dict[str, Any]:
             "extrapolates": {"type": "boolean"},
             "extrapolation": {"type": "object", "additionalProperties": {"type": ["number", "null"]},
                               "description": "feature -> how many times outside the range seen"},
+            "extrapolation_factor": {"type": ["number", "null"], "description": "the product of extrapolation's "
+                                     "factors: 1.0 inside the shapes seen; the error grows with it"},
             "data_dependent": {"type": "boolean", "description": "forwards of one shape had very different peaks"},
-            "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]}}},
+            "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]},
+            "regime": {"type": ["string", "null"], "description": "the fit that answered (model_fit.regimes)"}}},
+        "SafeLimit": {"type": "object", "required": ["extrapolation_factor", "error_ratio", "reason", "at_least"],
+                      "properties": {
+            "seq_len": {"type": ["integer", "null"]}, "batch": {"type": ["integer", "null"], "minimum": 0},
+            "extrapolation_factor": {"type": ["number", "null"]}, "error_ratio": {"type": ["number", "null"]},
+            "reason": {"type": ["string", "null"], "description": "why the answer is null"},
+            "at_least": {"type": ["integer", "null"], "description": "known to fit, where the answer lies past "
+                         "capacity.max_extrapolation"}}},
         "HeadroomModel": {"type": "object", "required": ["enabled"], "properties": {
             "enabled": {"type": "boolean"}, "reason": {"type": "string"}, "device": {"type": "string"},
             "model_fit": {"type": "object", "required": ["regimes", "error_ratio", "forwards_observed"]},
@@ -213,10 +224,14 @@ def _schemas() -> dict[str, Any]:
             "shape_errors": {"type": "integer"},
             "prediction": _ref("Prediction"), "fits": {"type": ["boolean", "null"]},
             "headroom_bytes": {"type": "integer"},
-            "max_safe_batch": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
-                               "description": "sequence length -> largest batch predicted to fit now"},
-            "max_safe_seq_len": {"type": "object", "properties": {"batch": {"type": "integer"},
-                                                                  "seq_len": {"type": ["integer", "null"]}}}}},
+            "note": {"type": ["string", "null"], "description": "calls of this model give different features"},
+            "max_extrapolation": {"type": "number"},
+            "max_safe_batch": {"type": "object", "additionalProperties": {"type": ["integer", "null"], "minimum": 0},
+                               "description": "sequence length (\"any\": a model without one) -> largest batch "
+                                              "predicted to fit now; null: not known (max_safe_batch_rows says why)"},
+            "max_safe_batch_rows": {"type": "array", "items": _ref("SafeLimit")},
+            "max_safe_batch_reason": {"type": ["string", "null"], "description": "why there are no rows"},
+            "max_safe_seq_len": {"allOf": [_ref("SafeLimit")], "properties": {"batch": {"type": "integer"}}}}},
         "Headroom": {"type": "object", "required": ["models"], "properties": {
             "models": {"type": "object", "additionalProperties": _ref("HeadroomModel")},
             "reason": {"type": "string"}}},
@@ -241,10 +256,13 @@ def _schemas() -> dict[str, Any]:
                             "model": {"type": ["string", "null"]},
                             "features": {"type": "object", "additionalProperties": {"type": "integer"}},
                             "layer": {"type": "string"}, "operation": {"type": ["string", "null"]},
-                            "started_unix": {"type": ["number", "null"]}, "limit_reached": {"type": "boolean"}}}},
+                            "started_unix": {"type": ["number", "null"]}, "limit_reached": {"type": "boolean"},
+                            "device": {"type": "string"}, "unit": {"type": "string"},
+                            "predicted_peak_bytes": {"type": "integer"}, "max_safe_batch": {"type": "integer"}}}},
                     "samples": {"type": "array", "items": {"type": "object", "required": ["t"],
                                                            "properties": {"t": {"type": "number"}}}},
                     "torn_slots": {"type": "integer"},
+                    "cause": _ref("OomCause"),
                     "sampler_interval_seconds": {"type": ["number", "null"]},
                     "window_seconds": {"type": ["number", "null"]},
                     "dump_id": {"type": ["string", "null"]}}}},
@@ -270,6 +288,26 @@ def _schemas() -> dict[str, Any]:
                 "floor_interval_seconds", "trend_window_seconds", "warmup_seconds",
                 "min_growth_rate_bytes_per_second", "min_growth_bytes", "confidence"],
                 "additionalProperties": _NUM}}},
+        "OomCause": {"type": "object", "required": ["cause", "summary", "knob", "figures", "missing"],
+                     "description": "why an out-of-memory happened, the figures that decided it and the knob "
+                                    "(docs/advice.md#oom-cause); in a post-mortem and an oom dump",
+                     "properties": {
+            "cause": {"type": "string", "enum": list(CAUSES)},
+            "summary": {"type": "string", "description": "the cause with its figures, in human units"},
+            "knob": {"type": "string", "description": "what to change"},
+            "figures": {"type": "object", "required": ["device"], "description": "the known figures (bytes, "
+                        "in the limit's units); an unknown one is left out", "properties": {
+                "device": {"type": "string"}, "limit": {"type": "string"}, "unit": {"type": "string"},
+                "features": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "max_safe_batch": {"type": "integer", "minimum": 0},
+                "leak": {"type": "object"}, "notes": {"type": "array", "items": {"type": "string"}},
+                **{k: {"type": "integer"} for k in (
+                    "limit_bytes", "held_elsewhere_bytes", "static_bytes", "predicted_peak_bytes",
+                    "request_rise_bytes", "requested_bytes", "reserved_free_bytes", "room_beyond_reserved_bytes",
+                    "largest_free_block_bytes", "outside_bytes", "outside_baseline_bytes", "room_bytes",
+                    "free_bytes", "outside_growth_bytes")}}},
+            "missing": {"type": "array", "items": {"type": "string"},
+                        "description": "the figures an unknown cause lacked"}}},
         "Advice": {"type": "object", "required": ["id", "severity", "title", "evidence", "action", "docs"],
                    "properties": {
             "id": {"type": "string", "enum": list(RULE_IDS), "description": "stable: what scripts match on"},
@@ -278,6 +316,7 @@ def _schemas() -> dict[str, Any]:
             "evidence": {"type": "object", "required": ["source", "figures"], "properties": {
                 "source": {"type": "string", "description": "where the figures come from"},
                 "device": {"type": "string"}, "model": {"type": "string"}, "layer": {"type": "string"},
+                "cause": {"type": "string", "enum": list(CAUSES)}, "dump_id": {"type": "string"},
                 "figures": {"type": "object", "minProperties": 1, "additionalProperties": {
                     "type": "object", "required": ["value", "unit"],
                     "properties": {"value": _NUM, "unit": {"type": "string", "enum": list(UNITS)}}}}}},
@@ -360,7 +399,7 @@ def openapi_document() -> dict[str, Any]:
     dump_post["responses"]["202"]["headers"] = dump_post["responses"]["200"]["headers"] = {
         "Location": {"schema": {"type": "string"}, "description": "/v1/dumps/{id} of the request"}}
     dump_get = _op("a dump request's status (id job-...), or download a stored dump (speedscope JSON, or the "
-                   "oom / cuda_snapshot JSON)", {
+                   "oom JSON, whose cause is an OomCause, or the cuda_snapshot JSON)", {
                        "200": "a request that finished (complete or failed), or the stored dump's file",
                        "202": "a request still pending",
                        "400": "malformed id (a date that does not exist included) or one not UTF-8, bad or "
@@ -419,10 +458,11 @@ def openapi_document() -> dict[str, Any]:
                 "or a shape_of's names), the predicted peak, its error, whether it extrapolates and whether it "
                 "fits under the limit now; without, the largest safe batch per sequence length",
                 {"200": "headroom (also before any data: each answer says why it has none)",
-                 "400": "a shape feature that is not a non-negative integer, named", "404": "unknown model", **auth},
+                 "400": "a shape feature that is not a non-negative integer (bad_parameter), or one the model's "
+                        "calls never gave or the question lacks (bad_shape), named", "404": "unknown model", **auth},
                 [_q("model", {"type": "string", "maxLength": 256}, "model name (all models when absent)"),
-                 _q("batch", {"type": "integer", "minimum": 0}, "batch size"),
-                 _q("seq_len", {"type": "integer", "minimum": 0}, "sequence length"),
+                 _q("batch", {"type": "integer", "minimum": 1}, "batch size"),
+                 _q("seq_len", {"type": "integer", "minimum": 1}, "sequence length"),
                  _q("cache_len", {"type": "integer", "minimum": 0}, "tokens already in the KV cache")],
                 schema=_ref("Headroom"))},
             "/v1/advice": {"get": _op(

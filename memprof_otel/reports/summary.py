@@ -26,8 +26,12 @@ def steady_overhead_ratio(st: Any) -> float | None:
     The first forward is always attributed and, with no plain forward to compare with, charged its
     whole duration (then, once plain forwards are seen, at most three of them): counted in, it
     reads "100 %" after one forward and stays inflated for a long while. Left out, the figure is what instrumentation costs a running server.
+
+    None too while no forward ran plain (``attribution.overhead_budget: 1.0`` attributes every
+    one): an attributed forward's cost is its duration minus a plain one's, and with none to
+    compare with each is charged whole, so the ratio would read 100 % without measuring anything.
     """
-    if st.forwards < 2:
+    if st.forwards < 2 or st.plain_forward_ema_s is None:
         return None
     spent = max(0.0, st.attribution_seconds - st.first_attributed_s)
     plain = max(0.0, st.forward_seconds - st.first_forward_s)
@@ -37,6 +41,10 @@ def steady_overhead_ratio(st: Any) -> float | None:
 def overhead_line(forwards: int, attributed: int, steady: float | None, first_s: float) -> str:
     """The summary's overhead sentence, for people: what the figure covers is said with it."""
     head = f"  forwards: {forwards} ({attributed} attributed), overhead: "
+    if steady is None and forwards >= 2 and attributed >= forwards:
+        return (head + "not measured: every forward was attributed, so none ran plain to compare with "
+                "(attribution.overhead_budget 1.0 lets attribution take any share of forward time; it is "
+                "a budget, not a measurement: attribution.every_n_forwards 2 or more measures it)")
     if steady is None:
         return (head + f"not measured yet (the first forward is always attributed, once: "
                 f"{first_s * 1e3:.2f} ms; the steady figure shows from the second forward)")

@@ -5,6 +5,11 @@ File reading only; the parsing is in ``cgroup_files``. ``proc`` and ``sys`` poin
 tree (fixture files in tests): mount points under ``/sys`` in mountinfo are read under ``sys``.
 The directories are resolved once (a process does not change cgroup under us in practice; a
 ``fork`` child is in the same one), the limit and quota re-read every ``LIMIT_TTL_S``.
+
+Early warning of an OOM kill, read on each tick beside the usage: the memory pressure stall totals
+(PSI) and the cgroup's memory events (v2 ``memory.events`` ``high``/``max``; v1 ``memory.failcnt``,
+the times usage hit the limit). One or two more small files a tick (v2's events file is read for
+``oom_kill`` anyway).
 """
 from __future__ import annotations
 
@@ -93,6 +98,24 @@ def cpu_quota_cores(d: cf.CgroupDir | None) -> float | None:
     return quota
 
 
+PRESSURE_SCOPES = ("cgroup", "system")
+
+
+def pressure_file(mem: cf.CgroupDir, proc: str = "/proc") -> tuple[str, str] | None:
+    """Where this process's memory pressure (PSI) is read, and its scope: the cgroup's own
+    ``memory.pressure`` on cgroup v2 (the stalls of the tasks in this cgroup), else the host's
+    ``/proc/pressure/memory`` (``"system"``: every task on the machine; a v1 cgroup has no PSI of
+    its own). None without PSI (a kernel built without it, or booted with ``psi=0``: the file is
+    missing or reading it fails)."""
+    candidates = [(os.path.join(proc, "pressure", "memory"), "system")]
+    if mem.version == 2:
+        candidates.insert(0, (os.path.join(mem.path, "memory.pressure"), "cgroup"))
+    for path, scope in candidates:
+        if cf.parse_psi(read_text(path) or ""):
+            return path, scope
+    return None
+
+
 class LimitCache:
     """Memory limit and CPU quota, re-read at most every ``LIMIT_TTL_S`` (the walk up the
     ancestors is most of a tick's reads and the limits rarely change)."""
@@ -130,6 +153,10 @@ class CgroupSource:
         self.version = mem.version
         self._stat_file = os.path.join(mem.path, "memory.stat")
         self._events_file = os.path.join(mem.path, "memory.events" if mem.version == 2 else "memory.oom_control")
+        # v1 has no memory.events: failcnt counts the charges that hit the limit (v2's "max")
+        self._failcnt_file = os.path.join(mem.path, "memory.failcnt") if mem.version == 1 else None
+        pressure = pressure_file(mem, proc)
+        self._pressure_file, self.pressure_scope = pressure if pressure is not None else (None, None)
         self._limits = LimitCache(lambda: self._dirs)
 
     @property
@@ -143,7 +170,10 @@ class CgroupSource:
 
     def stats(self) -> dict[str, float]:
         """``memory_usage_bytes``, ``memory_working_set_bytes``, ``oom_kills`` (when the kernel reports it), ``cpu_limit_cores`` (when a quota is
-        set). An unreadable file leaves its figures out; never raises."""
+        set), ``memory_events_high`` / ``memory_events_max`` (counters: v2 memory.events; v1 only
+        ``max``, from memory.failcnt) and ``memory_pressure_<scope>_<some|full>_seconds`` (the PSI
+        stall totals, ``pressure_scope``: cgroup or system). An unreadable file leaves its figures
+        out; never raises."""
         out: dict[str, float] = {}
         usage_text = read_text(self._usage_file)
         if usage_text is not None and usage_text.strip().isdigit():
@@ -156,6 +186,17 @@ class CgroupSource:
         events = cf.parse_flat_keyed(read_text(self._events_file) or "")
         if "oom_kill" in events:  # v1 kernels before 4.13 have no oom_kill line: absent, not 0
             out["oom_kills"] = float(events["oom_kill"])
+        if self._failcnt_file is not None:
+            failcnt = (read_text(self._failcnt_file) or "").strip()
+            if failcnt.isdigit():
+                out["memory_events_max"] = float(failcnt)
+        else:
+            for event in ("high", "max"):
+                if event in events:
+                    out[f"memory_events_{event}"] = float(events[event])
+        if self._pressure_file is not None:
+            for kind, us in cf.parse_psi(read_text(self._pressure_file) or "").items():
+                out[f"memory_pressure_{self.pressure_scope}_{kind}_seconds"] = us / 1e6
         # the memory limit stays memprof_process_memory_limit_bytes (ProcessSource)
         if (cores := self._limits.get()[2]) is not None:
             out["cpu_limit_cores"] = cores

@@ -140,6 +140,23 @@ def parse_flat_keyed(text: str) -> dict[str, int]:
     return out
 
 
+def parse_psi(text: str) -> dict[str, int]:
+    """A pressure stall file (``memory.pressure``, ``/proc/pressure/memory``: lines ``some|full
+    avg10=.. avg60=.. avg300=.. total=US``) -> ``{"some": US, "full": US}``: the stall totals in
+    microseconds since boot (or since the cgroup was made). The averages are left out: a counter is
+    what a scrape-based rate() reads; the kernel's own 10 s average is already a rate."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind not in ("some", "full"):
+            continue
+        for field in rest.split():
+            key, _, value = field.partition("=")
+            if key == "total" and value.isdigit():
+                out[kind] = int(value)
+    return out
+
+
 def parse_memory_limit(text: str, version: int) -> int | None:
     """``memory.max`` ("max" = none) or v1 ``memory.limit_in_bytes`` (a huge number = none)."""
     value = text.strip()

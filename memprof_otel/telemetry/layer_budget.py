@@ -5,15 +5,18 @@ and a fleet of 1,000 such pods would hand one Prometheus ~840,000. Replicas of o
 the same model, so the per-layer series repeat from pod to pod, and what a fleet view shows is the
 few layers that dominate. So in ``top`` mode a process exports per-layer series for its root and
 its ``top_layers`` layers with the highest peak increase (all-time, so the set settles after the
-first forwards and series do not churn with each window), and for any layer flagged as a leak
-suspect; every layer stays in ``/v1/layers``, dumps and captures. ``auto`` (the default) is
-``top`` in a Kubernetes pod and ``all`` elsewhere: a laptop, the demo and compose keep every layer.
+first forwards and series do not churn with each window), passing over containers whose peak their
+children explain (a model's ``transformer``, the root's own figure again; a block, its MLP's peak
+plus the hidden states): the layers kept are those doing the work. Any layer flagged as a leak
+suspect or named by the advice is exported too; every layer stays in ``/v1/layers``, dumps and
+captures. ``auto`` (the default) is ``top`` in a Kubernetes pod and ``all`` elsewhere: a laptop,
+the demo and compose keep every layer.
 ``full_detail_fraction`` of the hosts, chosen by a hash of the host name (stable per pod), export
 every layer anyway, so the fleet still sees each layer somewhere.
 
 The functions are pure; ``LayerBudget`` applies them to the live models, handed to it as functions
-(the live handles, the leak suspects, the series config in force), for the scrape and the OTel
-recorder.
+(the live handles, the leak suspects, the advised layers, the series config in force), for the
+scrape and the OTel recorder.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable
 
+from .._log import rate_limited
 from ..attribution.handle import ModelHandle
 from ..config import SeriesConfig
 from .series import LayerView, Series
@@ -53,11 +57,64 @@ def host_share(host: str) -> float:
     return int.from_bytes(digest[:8], "big") / float(1 << 64)
 
 
+def parents(paths: Iterable[str]) -> dict[str, str]:
+    """Layer path -> its nearest tracked ancestor (``""``, the root, for a top-level layer): a
+    layer beyond ``max_depth`` or excluded is skipped over, so its children hang from the
+    ancestor that holds their memory."""
+    tracked = set(paths)
+    out = {}
+    for p in tracked:
+        if not p:
+            continue
+        parent, q = "", p
+        while "." in q:
+            q = q.rsplit(".", 1)[0]
+            if q in tracked:
+                parent = q
+                break
+        out[p] = parent
+    return out
+
+
+def containers(peak_increase: Mapping[str, int], retained: Mapping[str, int]) -> frozenset[str]:
+    """The layers with children that add nothing their children's or their parent's series do not
+    show, so ``top`` mode passes over them:
+
+    - those whose peak their children explain: at most the largest child's peak plus what all
+      the children keep (``retained``: their outputs, alive while a later child peaks). A block
+      ``h.0`` is its MLP's peak over the hidden states ln_1, attn and ln_2 returned; an MLP, its
+      activation's peak over what c_fc returned. A layer with a transient of its own beyond that
+      (an attention module computing its attention matrix itself, between its projections) is
+      not one.
+    - those whose peak is their parent's, exactly, where the parent is not passed over itself
+      (GPT-2's ``transformer`` is the root's figure, whose series the root always has).
+
+    Leaves never are: where a leaf's figure is its parent's, the parent is passed over instead."""
+    parent_of = parents(peak_increase)
+    children: dict[str, list[str]] = {}
+    for p, parent in parent_of.items():
+        children.setdefault(parent, []).append(p)
+    explained = set()
+    for p, kids in children.items():
+        if not p or p not in peak_increase:
+            continue
+        if peak_increase[p] <= max(peak_increase[k] for k in kids) + sum(max(0, retained.get(k, 0)) for k in kids):
+            explained.add(p)
+    same = {p for p in children if p and parent_of[p] not in explained
+            and peak_increase[p] == peak_increase.get(parent_of[p])}
+    return frozenset(explained | same)
+
+
 def top_layers(peak_increase: Mapping[str, int], k: int,
-               suspects: frozenset[str] = frozenset()) -> frozenset[str]:
-    """The root, the ``k`` other layers with the highest peak increase (ties: path order) and every
-    layer in ``suspects`` (flagged as leaking: a leak is never hidden by rank)."""
-    ranked = sorted((p for p in peak_increase if p), key=lambda p: (-peak_increase[p], p))
+               suspects: frozenset[str] = frozenset(),
+               retained: Mapping[str, int] | None = None) -> frozenset[str]:
+    """The root, the ``k`` other layers with the highest peak increase and every layer in
+    ``suspects`` (flagged as leaking, or named by the advice: never hidden by rank). With
+    ``retained`` (per layer), containers (``containers()``) are passed over: the layers kept are
+    those doing the work. Ties: the deeper layer first (the more specific), then path order."""
+    skip = containers(peak_increase, retained) if retained is not None else frozenset()
+    ranked = sorted((p for p in peak_increase if p and p not in skip),
+                    key=lambda p: (-peak_increase[p], -p.count("."), p))
     return frozenset(["", *ranked[:k], *suspects])
 
 
@@ -84,13 +141,17 @@ _KEEP_MAX_AGE_S = 1.0
 class LayerBudget:
     """The series budget of this process: which layers each live model exports, the budget's own
     gauges, and what ``/v1/status`` says of it. ``config``: the series config in force;
-    ``handles``: the live models by name; ``suspects``: model -> the layers the leak watch flags."""
+    ``handles``: the live models by name; ``suspects``: model -> the layers the leak watch flags;
+    ``advised``: model -> the layers the advice names (each exported whatever its rank, so a
+    dashboard shows the layer an alert's advice points at)."""
 
     def __init__(self, config: Callable[[], SeriesConfig], handles: Callable[[], Mapping[str, ModelHandle]],
-                 suspects: Callable[[], Mapping[str, frozenset[str]]]) -> None:
+                 suspects: Callable[[], Mapping[str, frozenset[str]]],
+                 advised: Callable[[], Mapping[str, frozenset[str]]] = dict) -> None:
         self._config = config
         self._handles = handles
         self._suspects = suspects
+        self._advised = advised
         # (when, series config, each live model's attributed forwards, the layers each exports)
         self._keep_cache: tuple[float, SeriesConfig, dict[str, int], Keep | None] | None = None
         # series in the last /metrics answer (memprof_series_exported; None before the first)
@@ -100,10 +161,19 @@ class LayerBudget:
         c = self._config()
         return exports_every_layer(c.layers, c.full_detail_fraction, socket.gethostname(), os.environ)
 
+    def _advised_layers(self) -> Mapping[str, frozenset[str]]:
+        """The advised layers; a failure of the advice rules costs their pinning, never the scrape."""
+        try:
+            return self._advised()
+        except Exception as e:
+            rate_limited.warning("advised-layers", "memprof_otel: the advised layers could not be read (%r); "
+                                 "top mode exports the top layers and leak suspects only", e)
+            return {}
+
     def exported_layers(self, model: str | None = None) -> Keep | None:
         """Model -> the layers it exports per-layer series for (every live model, or ``model``
-        alone): the root, the top layers and the leak suspects; None when every layer is exported
-        (``series.layers``).
+        alone): the root, the top layers (containers passed over) and the leak suspects and advised
+        layers; None when every layer is exported (``series.layers``).
 
         The choice reads every model's statistics (0.5 ms for a 151-layer model) and is asked for
         three times a scrape and at every attributed forward (the OTel recorder), while the all-time
@@ -118,11 +188,14 @@ class LayerBudget:
         if (cached is None or cached[1] is not c or cached[2].keys() != counts.keys()
                 or now - cached[0] >= _KEEP_MAX_AGE_S
                 or any(cached[2][n] == 0 < counts[n] for n in counts)):
-            suspects = self._suspects()
-            keep = None if self.exports_every_layer() else {
-                name: top_layers({p: s.peak_increase for p, s in h.layer_stats().items()}, c.top_layers,
-                                 suspects.get(name, frozenset()))
-                for name, h in sorted(handles.items())}
+            every = self.exports_every_layer()
+            suspects = self._suspects() if not every else {}
+            advised = self._advised_layers() if not every else {}
+            keep = None if every else {
+                name: top_layers({p: s.peak_increase for p, s in stats.items()}, c.top_layers,
+                                 suspects.get(name, frozenset()) | advised.get(name, frozenset()),
+                                 retained={p: s.retained for p, s in stats.items()})
+                for name, h in sorted(handles.items()) for stats in (h.layer_stats(),)}
             cached = self._keep_cache = (now, c, counts, keep)
         keep = cached[3]
         if keep is None or model is None:
@@ -166,5 +239,5 @@ class LayerBudget:
         return out
 
 
-__all__ = ["ALL", "AUTO", "KUBERNETES_ENV", "TOP", "Keep", "LayerBudget", "exports_every_layer", "host_share",
-           "restrict_series", "restrict_view", "top_layers"]
+__all__ = ["ALL", "AUTO", "KUBERNETES_ENV", "TOP", "Keep", "LayerBudget", "containers", "exports_every_layer",
+           "host_share", "parents", "restrict_series", "restrict_view", "top_layers"]

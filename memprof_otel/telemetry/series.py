@@ -49,6 +49,15 @@ _CONTAINER = {
     "oom_kills": "memprof_container_oom_kills_total",
     "cpu_limit_cores": "memprof_container_cpu_limit_cores",
 }
+# CgroupSource.stats() key -> (metric name, labels): the early warnings of an OOM kill. The PSI
+# totals' scope is where the kernel keeps them for this process (the cgroup on v2, else the system).
+_CONTAINER_LABELLED: dict[str, tuple[str, Labels]] = {
+    **{f"memory_pressure_{scope}_{kind}_seconds": ("memprof_memory_pressure_stall_seconds_total",
+                                                   {"kind": kind, "scope": scope})
+       for scope in ("cgroup", "system") for kind in ("some", "full")},
+    **{f"memory_events_{event}": ("memprof_container_memory_events_total", {"event": event})
+       for event in ("high", "max")},
+}
 
 
 # the frameworks memprof_build_info names the version of (``<name>_version``; empty when not in use)
@@ -110,6 +119,9 @@ def build_series(sample: Sample | None, layers: Iterable[LayerView], me: SelfVie
         for key, name in _CONTAINER.items():
             if key in sample.container:  # no cgroup, no limit: absent, never a fake 0
                 add(name, {}, sample.container[key])
+        for key, (name, labels) in _CONTAINER_LABELLED.items():
+            if key in sample.container:  # no PSI, no memory.events: absent
+                add(name, dict(labels), sample.container[key])
         for device, figures in sorted(sample.allocators.items()):
             for key, name in _ALLOCATOR.items():
                 if key in figures:

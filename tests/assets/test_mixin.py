@@ -221,6 +221,10 @@ def test_custom_job_selector_fires_for_that_job_only(custom: tuple[Path, dict[st
     ("recording: {window: soon}\n", "recording.window"),
     ("recording: {interval: 1 minute}\n", "recording.interval"),
     ("recording: {enabled: 'yes'}\n", "recording.enabled"),
+    ("alerts: {rules: {MemprofContainerMemoryFullSoon: {horizon: 600}}}\n",
+     "alerts.rules.MemprofContainerMemoryFullSoon.horizon"),
+    ("alerts: {rules: {MemprofContainerMemoryFullSoon: {horizon: ten minutes}}}\n",
+     "alerts.rules.MemprofContainerMemoryFullSoon.horizon"),
     ("cluster_label: 'k8s-cluster'\n", "cluster_label"),
     # moved to the top level when the recording rules started keeping the label: the error says where
     ("dashboards: {namespace_label: ns}\n", "dashboards.namespace_label: moved to the top level as namespace_label"),
@@ -270,6 +274,19 @@ def test_headroom_low_peaks_reaches_expression_and_words() -> None:
     assert "on(instance, job, worker, model, device)" in low["expr"]
     assert "less than 2 more of its largest recent forwards" in low["annotations"]["summary"]
     assert "At most two forwards of that shape fit now: three at once" in low["annotations"]["description"]
+
+
+def test_full_soon_window_and_horizon_reach_expression_and_words() -> None:
+    cfg = mixin_config.merge(mixin_config.defaults(), {"alerts": {"rules": {
+        "MemprofContainerMemoryFullSoon": {"window": "20m", "horizon": "1h30m", "for": "5m"}}}})
+    rules = {r["alert"]: r for r in yaml.safe_load(mixin_outputs.alerts_yml(cfg))["groups"][0]["rules"]}
+    soon = rules["MemprofContainerMemoryFullSoon"]
+    # predict_linear takes the horizon in seconds: 1h30m = 5400
+    assert "predict_linear(memprof_container_memory_working_set_bytes[20m], 5400)" in soon["expr"]
+    assert soon["expr"].endswith("memprof_container_memory_working_set_bytes offset 20m")
+    assert soon["for"] == "5m"
+    assert "within 1 hour 30 minutes" in soon["annotations"]["summary"]
+    assert "At the trend of the last 20 minutes" in soon["annotations"]["description"]
 
 
 # ---------------------------------------------------------------------------- recording rules

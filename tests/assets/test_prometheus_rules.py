@@ -25,7 +25,7 @@ EXPECTED_ALERTS = {
     "MemprofSamplerStale", "MemprofSamplerSlow",
     "MemprofTargetDown", "MemprofWatchdogAlertFiring", "MemprofSourceDown", "MemprofOtlpExportFailing", "MemprofMemoryLeakSuspected",
     "MemprofHeadroomLow", "MemprofHeadroomExhausted", "MemprofCapacityModelInaccurate",
-    "MemprofSeriesOverBudget", "MemprofPostmortem",
+    "MemprofSeriesOverBudget", "MemprofPostmortem", "MemprofContainerMemoryFullSoon",
 }
 # the fleet recording rules (recording_rules.yml), in evaluation order
 EXPECTED_RECORDS = [

@@ -33,6 +33,17 @@ _STAT_ARRAYS = ("allocation", "segment", "active", "inactive_split", "allocated_
                 "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes")
 
 
+def format_size(size: int) -> str:
+    """c10's ``format_size``: two decimals of KiB, MiB or GiB (bytes up to 1 KiB)."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1048576:
+        return f"{size / 1024.0:.2f} KiB"
+    if size <= 1073741824:
+        return f"{size / 1048576.0:.2f} MiB"
+    return f"{size / 1073741824.0:.2f} GiB"
+
+
 def round_size(nbytes: int) -> int:
     """Block size the real allocator hands out for an ``nbytes`` request."""
     return MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
@@ -270,9 +281,7 @@ class ScriptedCudaAllocatorDouble:
             self._counters["num_alloc_retries"] += 1
             if self._reserved() + size > self.capacity_bytes:
                 self._counters["num_ooms"] += 1
-                raise torch.OutOfMemoryError(
-                    f"CUDA out of memory (test double). Tried to allocate {nbytes} bytes; "
-                    f"{self._reserved()} of {self.capacity_bytes} bytes reserved")
+                raise torch.OutOfMemoryError(self.oom_message(size))
         segment = _Segment(pool=pool, size=size, blocks=[_Block(offset=0, size=size)])
         self._segments.append(segment)
         self._trace_event("segment_alloc", segment, None, size)
@@ -280,6 +289,19 @@ class ScriptedCudaAllocatorDouble:
         self._count(pool, "reserved_bytes", size)
         self._counters["num_device_alloc"] += 1
         return segment, segment.blocks[0]
+
+    def oom_message(self, segment: int) -> str:
+        """torch's message (c10/cuda/CUDACachingAllocator.cpp, torch 2.1 and later) for a failed
+        ``segment``-sized cudaMalloc, with the device's total taken as ``capacity_bytes``."""
+        reserved = self._reserved()
+        allocated = self._arrays["allocated_bytes"]["all"].current
+        return (f"CUDA out of memory. Tried to allocate {format_size(segment)}. GPU {self.device_index} has a total "
+                f"capacity of {format_size(self.capacity_bytes)} of which "
+                f"{format_size(self.capacity_bytes - reserved)} is free. Of the allocated memory "
+                f"{format_size(allocated)} is allocated by PyTorch, and {format_size(reserved - allocated)} is "
+                "reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+                "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
 
     def _refresh_inactive_split(self) -> None:
         # A free block is "inactive split" while its segment also holds other blocks: it cannot

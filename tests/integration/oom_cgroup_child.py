@@ -59,18 +59,19 @@ def say(**kw: object) -> None:
 def main() -> None:
     torch.manual_seed(0)
     model = Encoder().eval()
-    h = mp.instrument(model, name="encoder", config={"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0}})
+    h = mp.instrument(model, name="encoder", config={"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0},
+                                                      "capacity": {"max_extrapolation": 16}})
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for _ in range(2):  # mixed traffic: batch 1-4, seq_len 64-512; each shape twice
+        for _ in range(2):  # mixed traffic: batch 1-8, seq_len 64-512; each shape twice
             for s in (64, 128, 256, 384, 512):
-                for b in (1, 2, 3, 4):
+                for b in (1, 2, 4, 6, 8):
                     model(torch.randint(0, VOCAB, (b, s), generator=gen))
         h.capacity.kernel.states(force=True)
         h.capacity.model.states(force=True)
         doc = h.headroom()
         safe = doc["max_safe_batch"].get(str(LONG))
-        say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"],
+        say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"], heap=doc["heap"],
             gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], credit=doc["reuse_credit_bytes"], error_ratio=doc["model_fit"]["error_ratio"],
             repeat_ratio=doc["model_fit"]["regimes"]["prefill"]["repeat_ratio"],
             predicted=h.predict_peak(batch=safe, seq_len=LONG).to_dict() if safe else None)

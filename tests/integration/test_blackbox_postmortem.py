@@ -97,6 +97,40 @@ def _check_flight(pm: dict) -> None:
     assert got >= 0.95 * expected, f"{got} ticks of the last {WINDOW_S} s, {expected:.0f} expected"
 
 
+def _figures_by_hand(pm: dict) -> dict:
+    """The cause's figures computed here from the record's own ticks: what was held at the last tick
+    before the forward in flight began, the C heap's growth since, resident memory outside the heap."""
+    samples, flight = pm["samples"], pm["in_flight"][0]
+    start = ([s for s in samples if s["t"] <= flight["started_unix"]] or samples[:1])[-1]
+    last = samples[-1]
+
+    def heap(s: dict) -> int | None:
+        return (s.get("allocators") or {}).get("cpu", {}).get("allocated_bytes")
+
+    rss0, rss1 = start["process"]["resident_memory_bytes"], last["process"]["resident_memory_bytes"]
+    out = {"static_bytes": int(rss0), "room_bytes": int(LIMIT - rss0)}
+    if heap(start) is not None and heap(last) is not None:
+        out["request_rise_bytes"] = int(heap(last) - heap(start))
+        out["outside_growth_bytes"] = int(max(0, rss1 - heap(last)) - max(0, rss0 - heap(start)))
+    return out
+
+
+def _check_cause(pm: dict) -> None:
+    """The OOM kill's cause follows from its figures: the request's predicted peak over the room, else
+    whichever of the request's heap growth and the growth outside the heap took at least half of it."""
+    cause, mine = pm["cause"], _figures_by_hand(pm)
+    got = cause["figures"]
+    assert {k: got.get(k) for k in mine} == mine, cause
+    predicted = pm["in_flight"][0].get("predicted_peak_bytes")
+    movers = {"request_too_big": mine.get("request_rise_bytes"), "outside_allocator": mine.get("outside_growth_bytes")}
+    took = {k: v for k, v in movers.items() if v is not None and v > 0 and v >= mine["room_bytes"] / 2}
+    expected = ("request_too_big" if predicted is not None and predicted > mine["room_bytes"] else
+                max(took, key=took.get) if took else "unknown")
+    assert cause["cause"] == expected, cause
+    if expected != "unknown":
+        assert cause["knob"]
+
+
 def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_path):
     folder = tmp_path / "blackbox"
     cg = _make_cgroup()
@@ -135,7 +169,7 @@ def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_pat
     by_pid = {pm["pid"]: pm for pm in doc["postmortems"]}
     for pm in doc["postmortems"]:  # what the report shows, for the log of a failing run
         print(pm["pid"], pm["reason"], pm["evidence"], pm["in_flight"], _ticks_in_last_window(pm["samples"]),
-              len(pm["samples"]), pm["near_limit"], pm["torn_slots"])
+              len(pm["samples"]), pm["near_limit"], pm["torn_slots"], pm["cause"])
     assert set(by_pid) == {killed_pid, oom_pid}, doc
 
     killed = by_pid[killed_pid]
@@ -151,6 +185,9 @@ def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_pat
     assert oom["limit_bytes"] == LIMIT
     assert oom["in_flight"][0]["limit_reached"] is True
     _check_flight(oom)
+    _check_cause(oom)
+    # a SIGKILL from outside claims no memory cause
+    assert killed["cause"]["cause"] == "unknown" and "no memory cause" in killed["cause"]["summary"]
 
     for reason in ("killed", "oom_kill"):
         assert re.search(rf'^memprof_postmortems_total{{reason="{reason}"}} 1\.0$', metrics, re.M), reason

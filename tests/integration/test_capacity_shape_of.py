@@ -36,7 +36,10 @@ def test_a_shape_of_gives_the_features_and_the_model_learns_them():
     p = h.predict_peak(batch=3, pixels=20 * 20)
     # conv output 3*8*400 floats and its relu: two such tensors at the peak, by arithmetic
     assert p.reason is None and p.peak_bytes == pytest.approx(2 * 3 * 8 * 400 * 4, rel=0.05)
-    assert h.predict_peak(batch=3, seq_len=5).reason.startswith("the model's features are ['batch', 'pixels']")
+    with pytest.raises(mp.ShapeError, match=r"unknown feature \[seq_len\]: the model's features are \[batch, pixels\]"):
+        h.predict_peak(batch=3, seq_len=5)
+    with pytest.raises(mp.ShapeError, match=r"missing feature \[pixels\]"):
+        h.fits(batch=3)  # never a silent True
 
 
 def test_a_shape_of_that_raises_is_counted_and_the_forward_unaffected():

@@ -13,8 +13,9 @@ from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
+from memprof_otel.capacity.budget_reader import BudgetReader
 from memprof_otel.telemetry.scrape import layer_view as _layer_view
-from memprof_otel.sources import registry
+from memprof_otel.sources import in_flight_levels, registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.cuda_trace import CudaAllocatorTrace
 from memprof_otel.telemetry.series import SelfView, build_series
@@ -195,3 +196,38 @@ def test_a_module_that_raises_still_gives_the_trace_back(device) -> None:
             model(torch.zeros(1))
         assert h.layer_stats()["1"].retained == round_size(1 * MIB)
     assert trace.in_flight == 0 and not dev.recording
+
+
+class _Probe(nn.Module):
+    """Holds 32 MiB while it reads the budget, as a scrape landing mid-forward does."""
+
+    def __init__(self, dev: ScriptedCudaAllocatorDouble, reader: BudgetReader) -> None:
+        super().__init__()
+        self.dev, self.reader = dev, reader
+        self.seen: Any = None
+        self.allocated_mid = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dev.malloc(32 * MIB)
+        self.allocated_mid = self.dev.memory_stats_nested(0)["allocated_bytes"]["all"]["current"]
+        self.seen = self.reader.read("cuda:0")[0]
+        self.dev.free(h)
+        return x
+
+
+def test_a_budget_read_mid_traced_forward_counts_the_level_at_its_start(device) -> None:
+    """A traced forward reads the allocator once, at its start: that level is the one a budget read
+    meanwhile counts as in use (its transient would count twice), with no read of its own."""
+    dev, src, _ = device
+    weights = dev.malloc(16 * MIB)
+    reader = BudgetReader(0.0, 0, ttl_s=0.0, limit_bytes=1 << 30)  # a limit of our own: no device info here
+    model = _Probe(dev, reader)
+    try:
+        with mp.instrument(model, name="traced-probe", **EVERY):
+            level = dev.memory_stats_nested(0)["allocated_bytes"]["all"]["current"]
+            model(torch.zeros(2, 8))
+        assert model.allocated_mid >= level + 32 * MIB  # the transient was there ...
+        assert model.seen.limit == "configured" and model.seen.in_use_bytes == level  # ... and not counted
+        assert in_flight_levels.shared().start("cuda:0") is None
+    finally:
+        dev.free(weights)

@@ -82,9 +82,44 @@ def test_a_prediction_with_its_error_budget_and_verdict(client, learned):
 def test_the_table_without_a_shape(client, learned):
     doc = client.get("/v1/headroom").json()
     validate(client, doc)
-    table = doc["models"]["gpt2"]["max_safe_batch"]
+    m = doc["models"]["gpt2"]
+    table = m["max_safe_batch"]
     assert set(table) == {"32", "128"}
-    assert table["32"] >= table["128"] > 0  # longer sequences, fewer of them fit
+    rows = {r["seq_len"]: r for r in m["max_safe_batch_rows"]}
+    assert {str(k): r["batch"] for k, r in rows.items()} == table
+    for s, r in rows.items():
+        if r["batch"] is None:  # past capacity.max_extrapolation (8) times the shapes seen: not a number
+            assert "not known" in r["reason"] and r["at_least"] >= 1
+            # 128 is twice the longest sequence seen (64): a batch past 32 would be 8x outside
+            assert r["at_least"] == (64 if s == 32 else 32)
+        else:
+            assert r["extrapolation_factor"] <= 8 and r["error_ratio"] is not None
+    if None not in table.values():
+        assert table["32"] >= table["128"] > 0  # longer sequences, fewer of them fit
+
+
+def test_python_and_http_give_one_document(client, learned):
+    """h.headroom() is the model's entry of GET /v1/headroom: one schema, the same fields."""
+    spec = client.get("/openapi.json").json()
+    for features in ({}, {"batch": 3, "seq_len": 40}):
+        mine = learned.headroom(**features)
+        jsonschema.Draft202012Validator({**spec["components"]["schemas"]["Headroom"],
+                                         "components": spec["components"]}).validate({"models": {"gpt2": mine}})
+        theirs = client.get("/v1/headroom", params={"model": "gpt2", **features}).json()["models"]["gpt2"]
+        assert set(mine) == set(theirs) and mine["enabled"] is True
+        if features:
+            assert set(mine["prediction"]) == set(theirs["prediction"])
+            p = learned.predict_peak(**features)
+            assert mine["prediction"]["peak_increase_bytes"] == p.peak_increase_bytes == p.peak_bytes  # alias
+            assert mine["prediction"]["data_dependent"] is p.data_dependent is p.varies
+
+
+def test_a_misspelt_or_missing_feature_is_a_400_naming_it(client, learned):
+    detail = error_detail(client.get("/v1/headroom", params={"model": "gpt2", "batch": 2, "seqlen": 4}),
+                          400, "bad_shape")
+    assert "unknown feature [seqlen]" in detail and "[batch, seq_len]" in detail
+    detail = error_detail(client.get("/v1/headroom", params={"model": "gpt2", "batch": 2}), 400, "bad_shape")
+    assert "missing feature [seq_len]" in detail
 
 
 @pytest.mark.parametrize("params, field", [
@@ -117,7 +152,9 @@ def test_the_gauges_in_metrics_match_the_route(client, learned):
     doc = client.get("/v1/headroom", params={"model": "gpt2"}).json()["models"]["gpt2"]
     table = scrape_values(client, "memprof_capacity_max_safe_batch")
     got = {dict(k)["seq_len"]: v for k, v in table.items() if dict(k)["model"] == "gpt2"}
-    assert got == {k: float(v) for k, v in doc["max_safe_batch"].items()}
+    # each row's answer, or where it lies past capacity.max_extrapolation, the batch known to fit
+    assert got == {str(r["seq_len"]): float(r["batch"] if r["batch"] is not None else r["at_least"])
+                   for r in doc["max_safe_batch_rows"]}
     err = scrape_values(client, "memprof_capacity_fit_error_ratio")
     assert list(err.values()) == [pytest.approx(doc["model_fit"]["error_ratio"])]
     usable = scrape_values(client, "memprof_capacity_usable_bytes")
@@ -140,12 +177,25 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_prints_the_table_and_exits_3_when_a_shape_would_not_fit(server, learned):
     r = cli("--url", server.url)
     assert r.returncode == 0, r.stderr
-    assert "model gpt2 on cpu" in r.stdout and "max safe batch: seq_len 32:" in r.stdout
+    assert "model gpt2 on cpu" in r.stdout and "max safe batch:" in r.stdout and "seq_len 32:" in r.stdout
     assert "prefill: 12 shapes; error" in r.stdout
     ok = cli("--url", server.url, "--model", "gpt2", "--batch", "2", "--seq-len", "40")
     assert ok.returncode == 0 and "fits" in ok.stdout and "would NOT fit" not in ok.stdout
     huge = cli("--url", server.url, "--model", "gpt2", "--batch", "100000000", "--seq-len", "64")
     assert huge.returncode == 3 and "would NOT fit" in huge.stdout and "extrapolates" in huge.stdout
     bad = cli("--url", server.url, "--batch", "-3")
-    assert bad.returncode == 2 and bad.stdout == ""  # bad input
-    assert bad.stderr.count("\n") == 1 and "HTTP 400" in bad.stderr and "batch" in bad.stderr
+    assert bad.returncode == 2 and bad.stdout == ""  # bad input, refused before any request
+    assert bad.stderr.count("\n") == 1 and "--batch" in bad.stderr and "at least 1" in bad.stderr
+    zero = cli("--url", server.url, "--batch", "0")
+    assert zero.returncode == 2 and zero.stderr.count("\n") == 1 and "None" not in zero.stderr
+    typo = cli("--url", server.url, "--model", "gpt2", "--batch", "2", "--feature", "seqlen=4")
+    assert typo.returncode == 2 and "HTTP 400" in typo.stderr and "seqlen" in typo.stderr
+    missing = cli("--url", server.url, "--model", "gpt2", "--batch", "2")
+    assert missing.returncode == 2 and "missing feature [seq_len]" in missing.stderr
+
+
+def test_cli_exits_4_when_it_cannot_tell(server):
+    mp.instrument(gpt2(), name="fresh")
+    r = cli("--url", server.url, "--model", "fresh", "--batch", "2", "--seq-len", "16")
+    assert r.returncode == 4, (r.stdout, r.stderr)
+    assert "no prediction: no forward measured yet" in r.stdout

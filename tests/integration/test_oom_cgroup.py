@@ -83,6 +83,7 @@ def run_at(limit: int, n: int, then: str) -> dict:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parents[2]),
                                                                      os.environ.get("PYTHONPATH", "")) if p),
                "OMP_NUM_THREADS": "2"}
+        env.pop("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", None)  # the shipped default (auto), not the suite's
         proc = subprocess.run([sys.executable, str(CHILD), then], capture_output=True, text=True, env=env,
                               preexec_fn=cg.enter, timeout=600)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
@@ -134,23 +135,12 @@ def rows() -> list[tuple]:
     return out
 
 
-# Not met in every run, and said so (docs/capacity.md): the allowance for what the kernel counts beyond
-# the tensors is the worst ratio seen on the large warm-up shapes, and the heap's first-touch steps
-# make it come out anywhere from 1.2 to 1.9; where it comes out low, the batch called safe was
-# OOM-killed (1000 MiB: 43 in one run of about ten; 52 in a run without the heap-reuse credit). The assertion stays, so XPASS shows it
-# holding; strict=False because it holds in most runs.
-@pytest.mark.xfail(strict=False, reason="the batch called safe was OOM-killed in some runs (the kernel-to-tensor gap "
-                                        "ratio is noisy); see docs/capacity.md")
 def test_the_batch_called_safe_survives_the_kernel_at_every_limit(rows: list[tuple]) -> None:
     for mib, safe, survived, kill_batch, unit, r in rows:
         assert unit == "process_resident"
         assert survived, f"{mib} MiB: the safe batch {safe} was killed ({r['returncode']}, {r['stderr'][-300:]})"
 
 
-# Not met either (docs/capacity.md): where the gap ratio comes out high, 1.25x the safe batch still
-# survives (too timid). The assertion stays, so the day it holds this reports XPASS.
-@pytest.mark.xfail(strict=False, reason="the safe batch is too timid at some limits (noisy kernel-to-tensor gap "
-                                        "ratio); see docs/capacity.md")
 def test_the_kernel_kills_at_most_one_and_a_quarter_times_the_safe_batch(rows: list[tuple]) -> None:
     for mib, safe, survived, kill_batch, unit, r in rows:
         assert kill_batch is not None, (f"{mib} MiB: {int(MAX_RATIO * safe)} = {MAX_RATIO} x the safe batch {safe} "

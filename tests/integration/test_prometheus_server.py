@@ -29,6 +29,8 @@ WHEN_LIMIT_SET = "memprof_process_memory_limit_bytes"
 WHEN_MEMORY_CGROUP = {"memprof_container_memory_usage_bytes", "memprof_container_memory_working_set_bytes"}
 WHEN_CPU_QUOTA = "memprof_container_cpu_limit_cores"
 WHEN_OOM_KILL_COUNTED = "memprof_container_oom_kills_total"
+WHEN_MEMORY_EVENTS = "memprof_container_memory_events_total"   # v2 memory.events, v1 memory.failcnt
+WHEN_PSI = "memprof_memory_pressure_stall_seconds_total"        # a kernel with pressure stall information
 
 
 def exists_here(d: MetricDef, limit: int | None) -> bool:
@@ -42,6 +44,10 @@ def exists_here(d: MetricDef, limit: int | None) -> bool:
         return memory is not None
     if d.prom == WHEN_OOM_KILL_COUNTED:
         return memory is not None and cgroup_truth.oom_kills(*memory) is not None
+    if d.prom == WHEN_MEMORY_EVENTS:
+        return memory is not None and bool(cgroup_truth.memory_events(*memory))
+    if d.prom == WHEN_PSI:  # read with the cgroup source: none without a memory cgroup
+        return memory is not None and cgroup_truth.memory_pressure_scope(*memory) is not None
     if d.prom == WHEN_CPU_QUOTA:
         return cgroup_truth.cpu_quota_cores() is not None
     return True

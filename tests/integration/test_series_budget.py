@@ -29,6 +29,49 @@ def _parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def _parent(path: str, tracked: object) -> str:
+    q = path
+    while "." in q:
+        q = q.rsplit(".", 1)[0]
+        if q in tracked:  # type: ignore[operator]
+            return q
+    return ""
+
+
+def _children(stats: dict) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {p: [] for p in stats}
+    for p in stats:
+        if p:
+            out[_parent(p, stats)].append(p)
+    return out
+
+
+def _explained(stats: dict, path: str, kids: list[str]) -> bool:
+    """A container: its peak is at most its largest child's plus what all its children kept."""
+    return bool(kids) and stats[path].peak_increase <= (max(stats[k].peak_increase for k in kids)
+                                                        + sum(max(0, stats[k].retained) for k in kids))
+
+
+def _passed_over(stats: dict) -> set[str]:
+    """The containers as docs/reference.md states them: explained by their children, or with
+    children and exactly their parent's figure where the parent is not explained itself."""
+    kids = _children(stats)
+    explained = {p for p in stats if p and _explained(stats, p, kids[p])}
+    same = {p for p in stats if p and kids[p] and _parent(p, stats) not in explained
+            and stats[p].peak_increase == stats[_parent(p, stats)].peak_increase}
+    return explained | same
+
+
+def _expected_top(stats: dict, k: int) -> set[str]:
+    """What top mode exports, from the handle's own table and the rule docs/reference.md states:
+    the root and the k highest peaks among the layers doing the work (ties: the deeper, then path
+    order)."""
+    skip = _passed_over(stats)
+    working = [p for p in stats if p and p not in skip]
+    ranked = sorted(working, key=lambda p: (-stats[p].peak_increase, -p.count("."), p))
+    return {"", *ranked[:k]}
+
+
 def _serve_gpt2(series: dict) -> tuple:
     torch.manual_seed(0)
     m = tiny_gpt2()
@@ -45,9 +88,8 @@ def test_top_mode_exports_the_root_and_the_top_layers_and_counts_what_it_exporte
     m, h, srv = _serve_gpt2({"layers": "top", "top_layers": 3})
     try:
         stats = h.layer_stats()
-        # the reference: the three highest all-time peaks, from the handle's own table
-        ranked = sorted((p for p in stats if p), key=lambda p: (-stats[p].peak_increase, p))
-        expected = {"", *ranked[:3]}
+        # the reference: the three highest all-time peaks of the layers doing the work
+        expected = _expected_top(stats, 3)
         first = httpx.get(srv.url + "/metrics").text
         fams = _parse(first)
         for name in LAYER_FAMILIES:
@@ -115,10 +157,9 @@ def test_the_otel_layer_histogram_and_gauges_follow_the_same_choice() -> None:
                         layers.setdefault(metric.name, set()).update(
                             p.attributes["layer"] for p in metric.data.data_points)
         stats = h.layer_stats()
-        ranked = sorted((p for p in stats if p), key=lambda p: (-stats[p].peak_increase, p))
         # the same forward three times: the top two are the same after each one
-        assert layers["memprof.layer.forward"] == {"", *ranked[:2]}
-        assert layers["memprof.layer.peak_increase"] == {"", *ranked[:2]}
+        assert layers["memprof.layer.forward"] == _expected_top(stats, 2)
+        assert layers["memprof.layer.peak_increase"] == _expected_top(stats, 2)
     finally:
         mp.shutdown(2)
         meters.shutdown()
@@ -171,6 +212,65 @@ def test_a_leak_suspect_outside_the_top_layers_exports_every_per_layer_family_an
             assert {lab["layer"] for lab, _ in fams[name] if lab["model"] == "m"} == {"", "big", "leaky"}, name
         assert [v for lab, v in fams["memprof_layers_exported"] if lab["model"] == "m"] == [3]
         assert httpx.get(srv.url + "/v1/status").json()["series"]["exported_layers"] == {"m": ["", "big", "leaky"]}
+    finally:
+        srv.close()
+        h.uninstrument()
+        mp.shutdown(2)
+
+
+def named_by_advice(url: str) -> set[str]:
+    advice = httpx.get(url + "/v1/advice").json()["advice"]
+    return {a["evidence"]["layer"] for a in advice if a["id"] == "layer-transient-peak"}
+
+
+def gpt2_four_blocks() -> torch.nn.Module:
+    """A 4-block GPT-2 built from its config, with the eager attention (it materializes the
+    attention matrix, as the model's own code does without a fused kernel)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=TINY_VOCAB, n_positions=512, n_embd=64, n_layer=4, n_head=2,
+                                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    return transformers.GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.timeout(180)
+def test_top_mode_keeps_the_layers_doing_the_work_and_the_layer_the_advice_names() -> None:
+    torch.manual_seed(0)
+    m = gpt2_four_blocks()
+    mp.start_monitoring({"sampler": {"interval": "100ms"}, "series": {"layers": "top"}})  # top_layers: 4
+    h = mp.instrument(m, name="gpt2", attribution=EVERY)
+    with torch.no_grad():
+        for _ in range(2):
+            m(torch.randint(0, TINY_VOCAB, (8, 512)))  # a forward peak of tens of MiB: the advice speaks
+    srv = mp.serve(port=0)
+    try:
+        stats = h.layer_stats()
+        kids = _children(stats)
+        fams = _parse(httpx.get(srv.url + "/metrics").text)
+        exported = {lab["layer"] for lab, _ in fams["memprof_layer_peak_increase_bytes"]}
+        # the containers of the model are there to be passed over: transformer is the root's figure
+        # again, each block its children's
+        assert stats["transformer"].peak_increase == stats[""].peak_increase
+        for i in range(4):
+            assert _explained(stats, f"transformer.h.{i}", kids[f"transformer.h.{i}"])
+        assert not exported & {"transformer", *(f"transformer.h.{i}" for i in range(4))}
+        # the layer with the largest own peak (its peak above its largest child's; a leaf's own is
+        # its peak) is kept; equal blocks tie, any one of them will do
+        own = {p: stats[p].peak_increase - max((stats[k].peak_increase for k in kids[p]), default=0)
+               for p in stats if p}
+        assert exported & {p for p, v in own.items() if v == max(own.values())}, sorted(own.items(), key=lambda x: -x[1])[:6]
+        # no kept layer is a pure container: equal to its only child's figure or its parent's, or
+        # explained by its children
+        for p in exported - {""} - named_by_advice(srv.url):
+            if kids[p]:
+                assert not _explained(stats, p, kids[p]), p
+                assert stats[p].peak_increase != stats[_parent(p, stats)].peak_increase, p
+                assert not (len(kids[p]) == 1 and stats[kids[p][0]].peak_increase == stats[p].peak_increase), p
+        # the layer the advice names is exported, whatever its rank
+        named = named_by_advice(srv.url)
+        assert named and named <= exported, (named, exported)
+        assert exported == _expected_top(stats, 4) | named
+        assert httpx.get(srv.url + "/v1/status").json()["series"]["exported_layers"] == {"gpt2": sorted(exported)}
     finally:
         srv.close()
         h.uninstrument()

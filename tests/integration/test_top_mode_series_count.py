@@ -3,8 +3,8 @@
 and torch's CUDA allocator replaced by the test doubles (this machine has no GPU), and the endpoint
 scraped over HTTP and parsed with prometheus_client's parser (not ours).
 
-A fleet keeps at most 114 ``memprof_*`` series a pod there (``series.families: auto`` serves the
-fleet set in top mode): 100, and the 14 of the memory breakdown (``memprof_memory_bytes``: 8 on cpu, 6
+A fleet keeps at most 115 ``memprof_*`` series a pod there (``series.families: auto`` serves the
+fleet set in top mode): 101, and the 14 of the memory breakdown (``memprof_memory_bytes``: 8 on cpu, 6
 on the GPU), which the overview dashboard reads; every family with the full operation buckets is one setting away
 (``series.families: all``), and counted here too."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,6 +30,7 @@ from memprof_otel.metric_names import (DURATION_BUCKETS, FLEET_DURATION_BUCKETS,
 from memprof_otel.sources import registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.nvml import NvmlSource
+from tests import cgroup_truth
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
 from tests.doubles.nvml_double import GIB, ScriptedGpu, ScriptedNvmlDouble
 from tests.integration.helpers import wait_until
@@ -37,7 +39,7 @@ pytestmark = pytest.mark.timeout(120)
 
 HEX = "5e5e5e5e-0000-4000-8000-000000000005"
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
-FLEET_LIMIT = 114  # 100 before the memory breakdown; it adds 8 cpu and 6 cuda:0 series
+FLEET_LIMIT = 115  # 101 before the memory breakdown (counted at its merge); it adds 8 cpu and 6 cuda:0 series
 OPERATION_FAMILIES = ("memprof_operation_duration_seconds", "memprof_operation_memory_peak_bytes",
                       "memprof_operation_memory_peak_increase_bytes")
 
@@ -55,7 +57,8 @@ class DeviceOp(nn.Module):
 
 
 def _pod(monkeypatch: pytest.MonkeyPatch, series: dict[str, Any]) -> Iterator[tuple[str, int]]:
-    """(the endpoint's URL, the model's layers) of a served GPU pod that ran one operation name."""
+    """(the endpoint's URL, the model's layers) of a served GPU pod that ran one operation name.
+    ``_ANOTHER`` runs the model under a second operation name in it."""
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")   # series.layers auto: top in a pod
     dev = ScriptedCudaAllocatorDouble(0)
     src = CudaAllocatorSource(0, stats_fn=dev.memory_stats_nested, reset_peak_fn=dev.reset_peak)
@@ -77,12 +80,21 @@ def _pod(monkeypatch: pytest.MonkeyPatch, series: dict[str, Any]) -> Iterator[tu
                 model(torch.zeros(1))
         # the sampler has read the GPU and the allocator of cuda:0 at least once
         wait_until(lambda: "memprof_gpu_memory_used_bytes{" in httpx.get(f"{srv.url}/metrics").text, 10)
+        _ANOTHER[srv.url] = lambda: _run_as(model, "rerank")
         yield srv.url, len(h.layer_stats())
     finally:
         h.uninstrument()
         srv.close()
         mp.shutdown(2)
         registry.reset_for_tests()
+
+
+_ANOTHER: dict[str, Any] = {}
+
+
+def _run_as(model: nn.Module, name: str) -> None:
+    with mp.operation(name):
+        model(torch.zeros(1))
 
 
 @pytest.fixture
@@ -116,7 +128,7 @@ def _families(samples: list[Any]) -> set[str]:
             for s in samples}
 
 
-def test_a_gpu_pod_in_top_mode_serves_at_most_114_series_with_one_operation(top_pod) -> None:
+def test_a_gpu_pod_in_top_mode_serves_at_most_115_series_with_one_operation(top_pod) -> None:
     url, tracked = top_pod
     samples = _samples(url)
     names = {s.name for s in samples}
@@ -158,4 +170,36 @@ def test_every_family_and_the_full_operation_buckets_are_one_setting_away(full_b
     assert per_family["memprof_operation_duration_seconds"] == len(DURATION_BUCKETS) + 3
     assert per_family["memprof_operation_memory_peak_bytes"] == len(MEMORY_PEAK_BUCKETS) + 3
     assert per_family["memprof_operation_memory_peak_increase_bytes"] == len(MEMORY_PEAK_BUCKETS) + 3
-    assert LEFT_OUT <= _families(samples)
+    # (memory pressure only where the kernel has PSI)
+    memory = cgroup_truth.memory_dir()
+    no_psi = memory is None or cgroup_truth.memory_pressure_scope(*memory) is None
+    assert LEFT_OUT - ({"memprof_memory_pressure_stall_seconds_total"} if no_psi else set()) <= _families(samples)
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_number(pattern: str) -> int:
+    found = re.search(pattern, " ".join(README.read_text(encoding="utf-8").split()))
+    assert found, pattern
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("fixture, said", [
+    ("top_pod", r"bounds each \(a subset of the full ones, so each kept bucket's count is exact; (\d+) series an "
+                r"operation name\)"),
+    ("full_buckets_pod", r"each operation name is (\d+) series with the full buckets"),
+])
+def test_one_more_operation_name_adds_the_series_the_readme_says(fixture: str, said: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """Counted on a real scrape: the samples a second operation name adds, and the README's figure."""
+    url, _ = request.getfixturevalue(fixture)
+    before = _samples(url)
+    _ANOTHER[url]()
+    after = _samples(url)
+    added = [s for s in after if s.labels.get("operation") == "rerank"]
+    assert added and not [s for s in before if s.labels.get("operation") == "rerank"]
+    # nothing else moved in number: the new name's rows are the whole difference
+    others = Counter(s.name for s in after if s.labels.get("operation") != "rerank")
+    assert others == Counter(s.name for s in before), sorted((others - Counter(s.name for s in before)).items())
+    assert len(after) - len(before) == len(added) == _readme_number(said)

@@ -21,7 +21,7 @@ def test_handle_methods_from_spec():
 
 def test_error_hierarchy():
     for err in (mp.ConfigError, mp.InstrumentationError, mp.AlreadyInstrumented, mp.SourceUnavailable,
-                mp.CaptureBusy, mp.CaptureTimeout, mp.ExportError):
+                mp.CaptureBusy, mp.CaptureTimeout, mp.ExportError, mp.ShapeError):
         assert issubclass(err, mp.MemprofError)
 
 

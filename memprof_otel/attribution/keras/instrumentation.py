@@ -190,7 +190,7 @@ class KerasInstrumentation(Instrumentation):
         tls.opened = _OPEN.open()
         tls.overlapped = _OPEN.another_thread_open()
         tls.state = tls.sink = None
-        tls.shape = None
+        tls.shape = tls.features = None
         tls.capture = None
         counter = self._counter
         if counter is None:

@@ -225,6 +225,7 @@ class TorchInstrumentation(Instrumentation):
         tls.start_s = t
         tls.opened = _OPEN.open()
         tls.state = None
+        tls.features = None
         tls.busy = True
         try:
             if kwargs and not path:
@@ -237,11 +238,13 @@ class TorchInstrumentation(Instrumentation):
                     # the forward in the units its limit counts (process RSS, CUDA reserved); not
                     # CUDA's under cuda.attribution: trace, whose point is one allocator read a forward
                     tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
-                                                            cuda=self.config.cuda.attribution != "trace")
+                                                            cuda=self.config.cuda.attribution != "trace",
+                                                            level=getattr(tls.state, "base_allocated", None))
             if self._flight:  # the black box: every forward, attributed or not, while in flight
                 st = tls.state
                 shape = tls.shape if st is not None else (
                     self._shape(args, kwargs) if not path and self.capacity is not None else None)
+                tls.features = shape
                 tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
         except Exception as e:
             self._abort_attribution()

@@ -15,6 +15,7 @@ from memprof_otel.advice import rules
 from memprof_otel.sources import cuda_stats
 from memprof_otel.units import format_bytes
 from memprof_otel.sources.glibc import figures_from_mallinfo
+from memprof_otel.units import format_bytes
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
 
 REPO = Path(__file__).resolve().parents[3]
@@ -227,9 +228,10 @@ def test_a_process_leak_suspect_points_at_the_heap_diff():
 # ---- capacity -----------------------------------------------------------------------------
 
 def test_near_limit_warns_when_the_largest_request_would_not_fit_twice():
-    c = replace(roomy(), in_use_bytes=72 * GIB, headroom_bytes=8 * GIB)
+    c = replace(roomy(), in_use_bytes=62 * GIB, headroom_bytes=8 * GIB)  # 18 GiB available, 10 needed
     (a,) = advise(Evidence(capacity=[c]))
     assert (a.id, a.severity) == ("near-limit", "warning")
+    assert "8.0 GiB left after the largest recent request's peak, less than the 10.0 GiB" in a.title
     assert a.context == {"model": "m", "device": "cuda:0", "limit": "device total"}
     assert a.figures["headroom_bytes"].value == 8 * GIB and a.figures["predicted_peak_bytes"].value == 10 * GIB
     assert a.figures["max_safe_batch_seq_len_2048"] == Figure(16, "batch")
@@ -237,10 +239,80 @@ def test_near_limit_warns_when_the_largest_request_would_not_fit_twice():
 
 
 def test_near_limit_is_critical_over_the_limit_and_silent_with_room():
-    over = replace(roomy(), in_use_bytes=81 * GIB, headroom_bytes=-1 * GIB)
+    over = replace(roomy(), in_use_bytes=81 * GIB, headroom_bytes=-11 * GIB, max_safe_batch={512: 0, 2048: 0})
     (a,) = advise(Evidence(capacity=[over]))
-    assert a.severity == "critical" and "1.0 GiB over" in a.title
+    assert a.severity == "critical" and "1.0 GiB over the usable limit" in a.title
     assert advise(Evidence(capacity=[replace(roomy(), headroom_bytes=10 * GIB)])) == []  # fits exactly twice
+
+
+def cuda_facts(**kw: int) -> CapacityFacts:
+    """A 1 GiB device of which other processes hold 100 MiB and a 5 % margin is kept (the limit's
+    parts as the budget has them), with a request of 300 MiB at its peak (200 MiB predicted)."""
+    limit, held, margin = 1024 * MIB, 100 * MIB, int(1024 * MIB * 0.05)
+    usable = limit - held - margin
+    in_use = kw.pop("in_use", 200 * MIB)
+    request = kw.pop("request", 300 * MIB)
+    table = kw.pop("table", {64: 3, 512: 0})
+    return CapacityFacts("gpt2", "cuda:0", "cuda_device", usable, in_use, 200 * MIB, usable - in_use - request,
+                         table, limit_bytes=limit, held_elsewhere_bytes=held, margin_bytes=margin)
+
+
+def test_critical_near_limit_when_in_use_is_over_the_usable_limit_says_so_and_what_helps():
+    c = cuda_facts(in_use=1000 * MIB, table={64: 0, 512: 0})
+    (a,) = advise(Evidence(capacity=[c]))
+    usable = 1024 * MIB - 100 * MIB - int(1024 * MIB * 0.05)
+    assert a.severity == "critical"
+    # the figures are the budget's parts, and they add up
+    v = values(a)
+    assert v["usable_bytes"] == usable == v["limit_bytes"] - v["held_elsewhere_bytes"] - v["margin_bytes"]
+    assert v["available_bytes"] == usable - 1000 * MIB < 0
+    assert v["request_bytes"] == 300 * MIB and v["headroom_bytes"] == v["available_bytes"] - v["request_bytes"]
+    # what is true, with the figures
+    assert "even one request of the largest recent size does not fit" in a.title
+    assert (f"in use ({format_bytes(1000 * MIB)}) is already {format_bytes(1000 * MIB - usable)} over the "
+            f"usable limit ({format_bytes(usable)}, cuda_device)") in a.title
+    # what to do: never a batch of 0; free memory (naming where it is), raise the limit
+    assert "batch 0" not in a.action and "Keep batches" not in a.action
+    assert f"{format_bytes(-v['headroom_bytes'])} must be freed or added" in a.action
+    assert "100.0 MiB" in a.action and "other processes" in a.action  # held elsewhere on the device
+    assert "a device with more memory" in a.action and "No request fits" in a.action
+
+
+def test_critical_near_limit_with_room_for_smaller_requests_names_those_that_fit():
+    c = cuda_facts(in_use=700 * MIB)  # 73.2 MiB available, the request needs 300 MiB
+    (a,) = advise(Evidence(capacity=[c]))
+    assert a.severity == "critical" and a.figures["available_bytes"].value > 0
+    assert f"it needs up to {format_bytes(300 * MIB)} at its peak and " \
+           f"{format_bytes(a.figures['available_bytes'].value)} is available" in a.title
+    assert "seq_len 64: batch 3" in a.action and "at seq_len 512 not even one does" in a.action
+    assert "batch 0" not in a.action
+    assert a.figures["max_safe_batch_seq_len_512"] == Figure(0, "batch")  # the table's own figure stays
+
+
+@pytest.mark.parametrize("limit, where", [("cgroup", "container's working set"), ("physical", "machine's memory"),
+                                          ("configured", "process's resident memory")])
+def test_critical_near_limit_on_cpu_names_what_counts_against_its_limit(limit: str, where: str):
+    c = CapacityFacts("m", "cpu", limit, 700 * MIB, 750 * MIB, 100 * MIB, -200 * MIB, {16: 0},
+                      limit_bytes=736 * MIB, margin_bytes=36 * MIB)
+    (a,) = advise(Evidence(capacity=[c]))
+    assert a.severity == "critical" and where in a.action and "batch 0" not in a.action
+    assert "36.0 MiB" in a.action  # the margin kept free is said
+
+
+def test_oom_advice_never_asks_for_batch_0():
+    c = cuda_facts(in_use=1000 * MIB, table={64: 0, 512: 0})
+    (a,) = by_id(advise(Evidence(extra_ooms={"cuda:0": 1}, capacity=[c])), "oom")
+    assert "batch 0" not in a.action and "Send smaller batches" in a.action
+    c = cuda_facts(in_use=700 * MIB)
+    (a,) = by_id(advise(Evidence(extra_ooms={"cuda:0": 1}, capacity=[c])), "oom")
+    assert "(seq_len 64: batch 3)" in a.action
+
+
+def test_advised_layer_is_the_layer_the_layer_rule_names():
+    peaks = {"": 100 * MIB, "h": 90 * MIB, "h.0": 80 * MIB, "h.0.mlp": 60 * MIB, "h.0.mlp.act": 30 * MIB}
+    (a,) = by_id(advise(Evidence(models=[ModelLayers("m", "cpu", peaks)])), "layer-transient-peak")
+    assert rules.advised_layer(peaks) == a.context["layer"] == "h.0.mlp"
+    assert rules.advised_layer({"": 31 * MIB, "a": 30 * MIB}) is None  # the rule is silent: nothing named
 
 
 # ---- ordering, ids, documents --------------------------------------------------------------

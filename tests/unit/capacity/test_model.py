@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from memprof_otel.capacity.model import MemoryModel
+from memprof_otel.errors import ShapeError
 
 
 def peak(b: int, s: int) -> int:
@@ -54,12 +55,15 @@ def test_a_feature_never_varied_is_named_in_the_reason():
     assert "only one value seen of: seq_len" in m.predict({"batch": 4, "seq_len": 128}).reason
 
 
-def test_unknown_or_missing_features_are_refused_with_the_model_s_features():
+def test_unknown_or_missing_features_are_a_shape_error_naming_them():
     m = trained(GRID)
-    p = m.predict({"batch": 3})
-    assert p.peak_bytes is None and "missing ['seq_len']" in p.reason
-    p = m.predict({"batch": 3, "seq_len": 4, "images": 2})
-    assert "unknown ['images']" in p.reason
+    with pytest.raises(ShapeError, match=r"missing feature \[seq_len\]") as e:
+        m.predict({"batch": 3})
+    assert e.value.features == ("seq_len",)
+    with pytest.raises(ShapeError, match=r"unknown feature \[images\].*\[batch, seq_len\]"):
+        m.predict({"batch": 3, "seq_len": 4, "images": 2})
+    with pytest.raises(ShapeError, match=r"unknown feature \[seqlen\]"):  # a typo, before any forward too
+        MemoryModel().predict({"batch": 3, "seqlen": 4})
 
 
 def test_same_shape_very_different_peaks_is_flagged_data_dependent():
@@ -87,12 +91,14 @@ def test_bounded_table_keeps_the_extremes():
 
 
 def test_max_safe_equals_a_brute_force_search():
+    """The search against plain arithmetic: each batch's peak times (1 + the error at its distance
+    outside the batches seen, 1..8), the fit exact on this family."""
     m = trained(GRID)
-    err = 1 + m.state().error_ratio
+    st = m.state()
     for avail in (2e6, 5e7, 3e8):
         for s in (32, 128, 256):
             brute = 0
-            while peak(brute + 1, s) * err <= avail:
+            while peak(brute + 1, s) * (1 + st.error_at(max(1.0, (brute + 1) / 8))) <= avail:
                 brute += 1
             assert m.max_safe(avail, {"seq_len": s}, "batch") == brute
     assert m.max_safe(10, {"seq_len": 32}, "batch") == 0
@@ -113,10 +119,20 @@ def test_prompts_and_decode_steps_are_fitted_apart():
         10_000 * 300 + 5 * 3 * 100 * 100, rel=1e-6)
 
 
-def test_a_call_with_other_features_is_counted_not_mixed_in():
+def test_calls_with_other_features_are_learnt_apart_and_a_fifth_kind_counted():
     m = trained(GRID)
-    m.observe({"tokens": 5}, 100, 0)
-    assert m.mixed_features == 1 and len(m.shapes()) == len(GRID)
+    for t in (1, 2, 4, 8, 16, 32):
+        m.observe({"tokens": t}, 1000 + 50 * t, 0)
+    assert len(m.shapes()) == len(GRID) + 6 and m.mixed_features == 0
+    assert m.predict({"tokens": 10}).peak_bytes == pytest.approx(1500, rel=1e-3)
+    assert m.predict({"batch": 3, "seq_len": 200}).peak_bytes == pytest.approx(peak(3, 200), rel=1e-6)
+    assert "[batch, seq_len] (12 forwards); [tokens] (6 forwards)" in m.kinds_note()
+    assert set(m.describe()["regimes"]) == {"prefill [batch, seq_len]", "prefill [tokens]"}
+    with pytest.raises(ShapeError, match=r"no call gave the features \[seq_len, tokens\] together"):
+        m.predict({"tokens": 3, "seq_len": 2})
+    for i, name in enumerate(("a", "b", "c")):
+        m.observe({name: 1}, 100, 0)
+    assert m.mixed_features == 1  # four kinds kept; the fifth counted, not modelled
 
 
 def test_readers_never_wait_for_a_refit_once_a_fit_exists():

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from memprof_otel.capacity.shapes import ShapeError, checked, default_shape_of
+from memprof_otel.capacity.shapes import ShapeError, canonical, checked, default_shape_of
 
 
 def test_token_tensor_positional_or_keyword():
@@ -14,7 +14,7 @@ def test_token_tensor_positional_or_keyword():
     assert default_shape_of((ids,), {}) == {"batch": 4, "seq_len": 37}
     assert default_shape_of((), {"input_ids": ids, "attention_mask": torch.ones(9, 9)}) == {"batch": 4, "seq_len": 37}
     assert default_shape_of((), {"inputs_embeds": torch.zeros(2, 5, 8)}) == {"batch": 2, "seq_len": 5}
-    assert default_shape_of((torch.zeros(11),), {}) == {"batch": 1, "seq_len": 11}
+    assert default_shape_of((torch.zeros(11, dtype=torch.long),), {}) == {"batch": 1, "seq_len": 11}
     assert default_shape_of(("text", 3), {}) == {}
     assert default_shape_of((torch.tensor(1.0),), {}) == {}
 
@@ -34,7 +34,34 @@ def test_hugging_face_cache_under_either_keyword():
     for kw in ("past_key_values", "cache"):
         assert default_shape_of((), {"input_ids": ids, kw: cache}) == {"batch": 3, "seq_len": 1, "cache_len": 12}
     empty = transformers.DynamicCache()  # a prompt: the cache is passed, still empty
-    assert default_shape_of((), {"input_ids": ids, "past_key_values": empty})["cache_len"] == 0
+    # the same shape as a prompt passed no cache (cache_len is implied 0): one kind of call
+    assert default_shape_of((), {"input_ids": ids, "past_key_values": empty}) == default_shape_of((ids,), {})
+
+
+def test_non_token_inputs_give_the_batch_alone():
+    """A float table's or an image batch's trailing dimensions are the model's width, not a length."""
+    assert default_shape_of((torch.zeros(4096, 32),), {}) == {"batch": 4096}
+    assert default_shape_of((torch.zeros(8, 3, 32, 32),), {}) == {"batch": 8}
+    assert default_shape_of((torch.zeros(32),), {}) == {"batch": 1}
+    # a sequence of vectors (inputs_embeds, a recurrent model's input) has a length
+    assert default_shape_of((torch.zeros(8, 20, 32),), {}) == {"batch": 8, "seq_len": 20}
+    # token ids are integers, whatever they are called
+    assert default_shape_of((torch.zeros(4, 9, dtype=torch.int32),), {}) == {"batch": 4, "seq_len": 9}
+
+
+def test_logits_to_keep_is_a_feature_only_where_it_cuts_positions():
+    ids = torch.zeros(2, 30, dtype=torch.long)
+    assert default_shape_of((ids,), {"logits_to_keep": 1}) == {"batch": 2, "seq_len": 30, "logits": 1}
+    assert default_shape_of((ids,), {"logits_to_keep": 0}) == {"batch": 2, "seq_len": 30}  # 0: every position
+    one = torch.zeros(2, 1, dtype=torch.long)
+    assert default_shape_of((one,), {"logits_to_keep": 1}) == {"batch": 2, "seq_len": 1}
+
+
+def test_implied_features_at_their_implied_value_are_the_same_shape():
+    assert canonical({"batch": 2, "seq_len": 8, "cache_len": 0}) == {"batch": 2, "seq_len": 8}
+    assert canonical({"batch": 2, "seq_len": 8, "logits": 8}) == {"batch": 2, "seq_len": 8}
+    assert canonical({"batch": 2, "seq_len": 8, "logits": 1}) == {"batch": 2, "seq_len": 8, "logits": 1}
+    assert canonical({"rows": 3}) == {"rows": 3}
 
 
 @pytest.mark.parametrize("bad, why", [

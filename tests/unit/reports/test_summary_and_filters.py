@@ -57,6 +57,30 @@ def test_summary_text_explains_the_first_forward_and_shows_the_steady_figure():
     assert d["overhead_ratio"] == pytest.approx(st.attribution_seconds / (st.attribution_seconds + st.forward_seconds))
 
 
+def test_a_budget_of_1_is_not_printed_as_a_measured_overhead():
+    """overhead_budget 1.0 attributes every forward: none runs plain, so there is nothing to take an
+    attributed forward's cost against, and each is charged whole (the ratio would be 100 %)."""
+    m = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(2, 16)
+    with mp.instrument(m, name="every", attribution={"overhead_budget": 1.0}) as h:
+        for _ in range(5):
+            m(x)
+        text, d, st = h.summary(), h.summary_dict(), h.scheduler.state()
+    assert st.attributed == st.forwards == 5 and st.plain_forward_ema_s is None
+    line = text.splitlines()[1]
+    assert "%" not in line and "not measured" in line and "every forward was attributed" in line, line
+    assert d["steady_overhead_ratio"] is None
+    # every other forward plain: the same budget is measured, and printed as such
+    m2 = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    with mp.instrument(m2, name="half", attribution={"overhead_budget": 1.0, "every_n_forwards": 2}) as h2:
+        for _ in range(6):
+            m2(x)
+        text2, d2 = h2.summary(), h2.summary_dict()
+    assert d2["steady_overhead_ratio"] is not None
+    shown = re.search(r"overhead: ([0-9.]+)% of forward time", text2)
+    assert shown and float(shown.group(1)) / 100 == pytest.approx(d2["steady_overhead_ratio"], abs=1e-5)
+
+
 @pytest.mark.parametrize("kw, fragment", [
     ({"include": ("decoder.*",)}, "include pattern 'decoder.*' matches no module path"),
     ({"include": ("encoder*", "haed")}, "include pattern 'haed'"),

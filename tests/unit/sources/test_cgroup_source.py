@@ -55,10 +55,12 @@ def _host_expected() -> dict[str, float]:
         "cpu_limit_cores": 1.5}, 512 * MiB, id="v1-docker-mount-root"),
     pytest.param("v2-cgroupns", {
         "memory_usage_bytes": 1610612736, "memory_working_set_bytes": 1610612736 - 268435456,
-        "oom_kills": 2, "cpu_limit_cores": 1.5}, 2048 * MiB, id="v2-cgroupns"),
+        "oom_kills": 2, "cpu_limit_cores": 1.5, "memory_events_high": 0, "memory_events_max": 41},
+        2048 * MiB, id="v2-cgroupns"),
     pytest.param("v2-nested-systemd", {
         "memory_usage_bytes": 512 * MiB, "memory_working_set_bytes": 512 * MiB - 96 * MiB,
-        "oom_kills": 0, "cpu_limit_cores": 0.5}, 768 * MiB, id="v2-nested-limit-on-the-pod"),
+        "oom_kills": 0, "cpu_limit_cores": 0.5, "memory_events_high": 0, "memory_events_max": 0},
+        768 * MiB, id="v2-nested-limit-on-the-pod"),
 ])
 def test_fixture_sets_give_the_files_figures(tmp_path: Path, name: str, expected: dict[str, float],
                                              limit: int | None) -> None:
@@ -106,6 +108,70 @@ def test_an_unreadable_file_leaves_its_figure_out(tmp_path: Path) -> None:
     Path(sys, "fs/cgroup/memory.stat").unlink()
     Path(sys, "fs/cgroup/memory.events").unlink()
     assert src.stats() == {"memory_usage_bytes": 1610612736, "cpu_limit_cores": 1.5}
+
+
+# -- the early warnings: memory pressure (PSI) and the memory events ----------------------------
+PSI_TEXT = ("some avg10=1.50 avg60=0.40 avg300=0.10 total=2500000\n"
+            "full avg10=0.75 avg60=0.20 avg300=0.05 total=1250000\n")
+
+
+def test_v2_pressure_is_the_cgroups_own(tmp_path: Path) -> None:
+    proc, sys = tree(tmp_path, "v2-cgroupns")
+    Path(sys, "fs/cgroup/memory.pressure").write_text(PSI_TEXT)
+    Path(proc, "pressure").mkdir()
+    Path(proc, "pressure/memory").write_text(PSI_TEXT.replace("total=2500000", "total=9000000"))  # the host's
+    src = CgroupSource(proc, sys)
+    assert src.pressure_scope == "cgroup"
+    stats = src.stats()
+    assert stats["memory_pressure_cgroup_some_seconds"] == 2.5
+    assert stats["memory_pressure_cgroup_full_seconds"] == 1.25
+    assert not any("system" in k for k in stats)
+
+
+def test_v1_pressure_is_the_systems_and_failcnt_counts_the_limit_hits(tmp_path: Path) -> None:
+    proc, sys = tree(tmp_path, "v1-docker-mount-root")
+    Path(sys, "fs/cgroup/memory/memory.failcnt").write_text("17\n")
+    Path(proc, "pressure").mkdir()
+    Path(proc, "pressure/memory").write_text(PSI_TEXT)
+    src = CgroupSource(proc, sys)
+    assert src.pressure_scope == "system"
+    stats = src.stats()
+    assert (stats["memory_events_max"], stats["memory_pressure_system_some_seconds"],
+            stats["memory_pressure_system_full_seconds"]) == (17, 2.5, 1.25)
+    assert "memory_events_high" not in stats  # v1 has no memory.high
+
+
+def test_v2_without_its_own_pressure_file_falls_back_to_the_system(tmp_path: Path) -> None:
+    proc, sys = tree(tmp_path, "v2-cgroupns")
+    Path(sys, "fs/cgroup/memory.pressure").write_text("")  # unreadable as PSI (psi disabled for the cgroup)
+    Path(proc, "pressure").mkdir()
+    Path(proc, "pressure/memory").write_text(PSI_TEXT)
+    assert CgroupSource(proc, sys).pressure_scope == "system"
+
+
+def test_no_psi_and_files_that_go_away_leave_the_figures_out(tmp_path: Path) -> None:
+    proc, sys = tree(tmp_path, "v1-docker-mount-root")
+    src = CgroupSource(proc, sys)
+    assert src.pressure_scope is None  # no /proc/pressure/memory: a kernel without PSI
+    assert not any(k.startswith(("memory_pressure", "memory_events")) for k in src.stats())
+    Path(proc, "pressure").mkdir()
+    Path(proc, "pressure/memory").write_text(PSI_TEXT)
+    Path(sys, "fs/cgroup/memory/memory.failcnt").write_text("3\n")
+    src = CgroupSource(proc, sys)
+    Path(proc, "pressure/memory").unlink()
+    Path(sys, "fs/cgroup/memory/memory.failcnt").write_text("garbage\n")
+    stats = src.stats()  # never raises
+    assert not any(k.startswith(("memory_pressure", "memory_events")) for k in stats)
+    assert stats["memory_usage_bytes"] == 461111296
+
+
+@pytest.mark.parametrize("text, expected", [
+    (PSI_TEXT, {"some": 2500000, "full": 1250000}),
+    ("some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n", {"some": 7}),  # a file with one line
+    ("some avg10=0.00 total=x\nfull\nnonsense total=5\n", {}),
+    ("", {})])
+def test_psi_totals(text: str, expected: dict[str, int]) -> None:
+    assert cf.parse_psi(text) == expected
 
 
 # -- the pure parsers ---------------------------------------------------------------------------
@@ -166,6 +232,28 @@ def test_real_cgroup_matches_cat_of_its_files() -> None:
     assert ours["memory_working_set_bytes"] <= ours["memory_usage_bytes"]
     assert ours.get("oom_kills") == truth.oom_kills(d, version)
     assert ours.get("cpu_limit_cores") == truth.cpu_quota_cores()
+
+
+def test_real_cgroup_events_and_pressure_match_cat_of_their_files() -> None:
+    found = truth.memory_dir()
+    if found is None:
+        pytest.skip("this machine shows the process no memory cgroup under /sys/fs/cgroup")
+    d, version = found
+    src = CgroupSource()
+    ours = src.stats()
+    events = truth.memory_events(d, version)
+    assert {k: v for k, v in ours.items() if k.startswith("memory_events_")} == pytest.approx(
+        {f"memory_events_{k}": v for k, v in events.items()}, abs=1000)  # counters: read a moment apart
+    scope = truth.memory_pressure_scope(d, version)
+    assert src.pressure_scope == scope
+    if scope is not None:
+        f = d / "memory.pressure" if scope == "cgroup" else Path("/proc/pressure/memory")
+        totals = {m.group(1): int(m.group(2)) / 1e6 for m in re.finditer(r"^(some|full) .*total=(\d+)$",
+                                                                         truth.cat(f), re.M)}
+        ours = src.stats()
+        for kind, seconds in totals.items():
+            # a stall total only grows; ours was read a moment after, by less than a second more
+            assert 0 <= ours[f"memory_pressure_{scope}_{kind}_seconds"] - seconds < 1.0
 
 
 def test_real_cgroup_usage_follows_a_100mib_allocation() -> None:

@@ -328,3 +328,16 @@ def test_cgroup_figures_become_the_container_series_not_an_allocator(samplers):
     assert series["memprof_process_cpu_seconds_total"] == [({}, 12.5)]
     assert "memprof_container_cpu_limit_cores" not in series and "memprof_allocator_allocated_bytes" not in series
     assert ({"source": "cgroup"}, 1.0) in series["memprof_source_up"]
+    # no PSI, no memory events: their families are absent, not 0
+    assert "memprof_memory_pressure_stall_seconds_total" not in series
+    assert "memprof_container_memory_events_total" not in series
+
+
+@pytest.mark.parametrize("scope", ["cgroup", "system"])
+def test_pressure_and_memory_events_become_labelled_counters(scope: str) -> None:
+    container = {"memory_usage_bytes": 1.0, f"memory_pressure_{scope}_some_seconds": 2.5,
+                 f"memory_pressure_{scope}_full_seconds": 1.25, "memory_events_max": 41.0}
+    series = build_series(Sample(t=1.0, process={}, container=container), [], SelfView())
+    assert sorted(series["memprof_memory_pressure_stall_seconds_total"], key=lambda r: r[0]["kind"]) == [
+        ({"kind": "full", "scope": scope}, 1.25), ({"kind": "some", "scope": scope}, 2.5)]
+    assert series["memprof_container_memory_events_total"] == [({"event": "max"}, 41.0)]  # v1: no "high"

@@ -1,4 +1,6 @@
-"""Recognizing an out-of-memory error, whichever layer of the stack raised it."""
+"""Out-of-memory errors: recognizing one, whichever layer of the stack raised it (here), and why it
+happened with the knob that changes it (``cause.py``, pure over a record of figures;
+``cuda_message.py``, the figures torch's CUDA message carries)."""
 from __future__ import annotations
 
 import sys
