@@ -93,6 +93,23 @@ def _host_read_at() -> float | None:
     return host.last_read_unix if host is not None else None
 
 
+# glibc's read is forced for the breakdown's snapshot only while it is cheap (mallinfo2 walks every
+# free chunk: milliseconds on a badly fragmented heap, where its back-off keeps serving the last read)
+_SNAPSHOT_MAX_HEAP_COST_S = 0.0005
+
+
+def _cpu_snapshot() -> tuple[dict[str, float], dict[str, float] | None] | None:
+    """RSS with its parts and glibc's figures, read back to back (the CPU breakdown's moment)."""
+    proc = registry.process()
+    if proc is None:
+        return None
+    host = registry.host_allocator()
+    glibc = None
+    if host is not None and host.cost_ema_s <= _SNAPSHOT_MAX_HEAP_COST_S:
+        glibc = host.read(force=True)
+    return proc.rss_parts(), glibc
+
+
 def _cuda_mem_info(index: int) -> tuple[int, int] | None:
     """(free, total) of a CUDA device from cudaMemGetInfo, where its allocator source exists."""
     src = registry.cuda_allocator(index)
@@ -154,7 +171,7 @@ class Runtime:
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
         # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
         self.memory = MemoryBreakdownWatch(live_handles, _python_heap, _python_heap_down, registry.cuda_uuids,
-                                           _cuda_mem_info, _host_read_at)
+                                           _cuda_mem_info, _host_read_at, _cpu_snapshot)
         self.scrape.contribute("memory", self.memory.series)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,

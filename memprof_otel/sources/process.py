@@ -19,7 +19,7 @@ from memprof_otel.sources.base import Reading, ratio
 from memprof_otel.sources.cgroup import LimitCache, dirs_from, find_dirs, memory_limit
 # /proc/PID/status lines read (kB): the RSS high-water mark and RSS by kind of page
 _RSS_PARTS = {"RssAnon": "rss_anon_bytes", "RssFile": "rss_file_bytes", "RssShmem": "rss_shmem_bytes"}
-_STATUS_KEYS = frozenset({"VmHWM", *_RSS_PARTS})
+_STATUS_KEYS = frozenset({"VmHWM", "VmRSS", *_RSS_PARTS})
 _fork_generation = 0
 _fork_hook_registered = False
 
@@ -146,6 +146,16 @@ class ProcessSource:
 
     def _vm_hwm(self) -> int | None:
         return self._status_figures().get("VmHWM")
+
+    def rss_parts(self) -> dict[str, float]:
+        """RSS and its parts from one read of ``status`` (VmRSS = RssAnon + RssFile + RssShmem, all
+        from the same moment): ``resident_memory_bytes`` and the ``rss_*_bytes`` keys of ``stats()``.
+        Empty when unreadable. Never raises."""
+        status = self._status_figures()
+        out = {name: float(status[key]) for key, name in _RSS_PARTS.items() if key in status}
+        if "VmRSS" in status:
+            out["resident_memory_bytes"] = float(status["VmRSS"])
+        return out
 
     def _status_figures(self) -> dict[str, int]:
         """The kB figures of ``status`` this source uses, in bytes (absent: unreadable)."""

@@ -35,18 +35,23 @@ class MemoryBreakdownWatch:
     read the latest. ``python_heap()``: (resident bytes, unix time) or None; ``python_heap_down()``:
     why not; ``cuda_uuids()``: torch's device UUIDs (the NVML match); ``mem_info(index)``: the
     device's (free, total) from cudaMemGetInfo, asked only where NVML cannot see this process;
-    ``heap_read_at()``: when glibc's figures were last read (their age in the document)."""
+    ``heap_read_at()``: when glibc's figures were last read (their age in the document);
+    ``cpu_snapshot()``: (RSS and its parts, glibc's figures or None) read back to back now, for a CPU
+    breakdown of one moment (None: the tick's figures are used)."""
 
     def __init__(self, handles: Callable[[], Mapping[str, ModelHandle]], python_heap: PythonHeapFn = _none,
                  python_heap_down: Callable[[], str | None] = _none,
                  cuda_uuids: Callable[[], Mapping[int, str]] = dict, mem_info: MemInfoFn = lambda _i: None,
-                 heap_read_at: Callable[[], float | None] = _none, clock: Callable[[], float] = time.time) -> None:
+                 heap_read_at: Callable[[], float | None] = _none,
+                 cpu_snapshot: Callable[[], "tuple[dict[str, float], dict[str, float] | None] | None"] = _none,
+                 clock: Callable[[], float] = time.time) -> None:
         self._handles = handles
         self._python_heap = python_heap
         self._python_heap_down = python_heap_down
         self._cuda_uuids = cuda_uuids
         self._mem_info = mem_info
         self._heap_read_at = heap_read_at
+        self._cpu_snapshot = cpu_snapshot
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[str, DeviceBreakdown] = {}
@@ -85,7 +90,18 @@ class MemoryBreakdownWatch:
     def compute(self, sample: Sample) -> dict[str, DeviceBreakdown]:
         held = self.held()
         out: dict[str, DeviceBreakdown] = {}
-        cpu = cpu_breakdown(sample, held, self._python_heap(), self._python_heap_down(), self._heap_read_at())
+        cpu_sample, heap_at = sample, self._heap_read_at()
+        snap = self._cpu_snapshot()
+        if snap is not None and snap[0].get("resident_memory_bytes"):
+            # RSS and glibc's heap read back to back now: the tick's own figures come from worker threads
+            # at slightly different moments, and glibc's may be an earlier read (its back-off), which
+            # under traffic is off by the transient tensors of a forward
+            now = self._clock()
+            glibc = snap[1] if snap[1] is not None else sample.allocators.get("cpu")
+            cpu_sample = Sample(t=now, process=snap[0], allocators={"cpu": glibc} if glibc else {},
+                                container=sample.container)
+            heap_at = now if snap[1] is not None else heap_at
+        cpu = cpu_breakdown(cpu_sample, held, self._python_heap(), self._python_heap_down(), heap_at)
         if cpu is not None:
             out["cpu"] = cpu
         cuda = sorted(d for d in sample.allocators if d.startswith("cuda:"))
