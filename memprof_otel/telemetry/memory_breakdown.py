@@ -3,7 +3,7 @@ outside world measures (the kernel's RSS, the driver's per-process figure), and 
 unexplained, shown as such. Pure: figures in, a ``DeviceBreakdown`` out (``breakdown_service.py``
 gathers the figures on sampler ticks).
 
-CPU (total: RSS = RssAnon + RssFile + RssShmem, from the kernel)::
+CPU (total: RSS = RssAnon + RssFile + RssShmem, from the kernel; read with glibc's figures back to back)::
 
     weights        the CPU storages of the instrumented models' parameters and buffers (shared once)
     kv_cache       the CPU storages of the KV caches the models were last called with, while alive
