@@ -113,6 +113,14 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("memprof_advice_severity", "memprof.advice.severity", "", "gauge",
               "The most severe advice of this rule now: 0 none, 1 info, 2 warning, 3 critical "
               "(GET /v1/advice has the figures it cites); every rule from the start, at 0", ("id",)),
+    # where the memory goes (telemetry/memory_breakdown.py, GET /v1/memory)
+    MetricDef("memprof_memory_bytes", "memprof.memory", "By", "gauge",
+              "The process's memory on the device by component (weights, kv_cache, heap_in_use, heap_free, "
+              "python_heap, file_backed, shared_memory on cpu; weights, kv_cache, activations_other, "
+              "allocator_cache, non_torch on CUDA) and unexplained (the total less the components; negative "
+              "where a component counts what is not resident): per device they sum to the process's total as the "
+              "kernel (RSS) or the driver (NVML's per-process figure) measures it",
+              ("device", "component")),
     # allocator
     MetricDef("memprof_allocator_allocated_bytes", "memprof.allocator.allocated", "By", "gauge",
               "Bytes allocated through the allocator", _D),

@@ -339,6 +339,21 @@ def overview(q: Matchers) -> dict[str, Any]:
                     [target(f"memprof_process_cpu_utilization_ratio{{{q.base}}}", "{{instance}}")],
                     "percentunit", max_one=True, threshold_steps=((0.8, ORANGE), (0.95, RED))), 12, 8),
     ])
+    breakdown = timeseries(
+        "Where the memory goes",
+        "The process's memory per device as components stacked up to the total the kernel (RSS on cpu) "
+        "or the driver (NVML's per-process figure on CUDA) measures (dashed: their sum): on cpu the instrumented "
+        "models' weights and KV caches, glibc's heap in use and free-but-kept, the Python object heap, "
+        "file-backed pages and shared memory; on CUDA weights, KV cache, activations and other tensors, "
+        "the allocator's cache and non-torch memory (CUDA context, libraries). unexplained is the total "
+        "less the components. GET /v1/memory says how each was measured.",
+        [target(f"memprof_memory_bytes{{{q.dev}}}", "{{instance}} {{device}} {{component}}"),
+         target(f"sum by (instance, job, worker, device) (memprof_memory_bytes{{{q.dev}}})",
+                "{{instance}} {{device}} total")],
+        "bytes", min_zero=False, overrides=[{**dashed("B"), "properties": [
+            *dashed("B")["properties"], {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}}]}])
+    breakdown["fieldConfig"]["defaults"]["custom"]["stacking"] = {"mode": "normal", "group": "A"}
+    where: Section = ("Where the memory goes", [(breakdown, 24, 9)])
     allocator: Section = ("Allocator", [
         (timeseries("Allocator allocated / reserved",
                     "Per device: memory handed out to tensors (allocated) and memory the allocator "
@@ -480,7 +495,7 @@ def overview(q: Matchers) -> dict[str, Any]:
                      "Process, allocator and GPU memory of processes instrumented with memprof-otel, "
                      "each model's capacity (headroom, max safe batch), watchdog state and the exporter's "
                      "own cost.",
-                     [process, allocator, gpu, capacity, postmortem, watchdog, self_])
+                     [process, where, allocator, gpu, capacity, postmortem, watchdog, self_])
 
 
 def layers(q: Matchers) -> dict[str, Any]:

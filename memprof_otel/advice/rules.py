@@ -117,13 +117,16 @@ def cache_slack(ev: Evidence) -> Iterable[Advice]:
         share = releasable / reserved
         if releasable < CACHE_SLACK_MIN_BYTES or share < CACHE_SLACK_MIN_RATIO:
             continue
+        cache = max(0.0, reserved - allocated)  # the memory breakdown's allocator_cache component
         yield Advice(
             id="cache-slack", severity="info",
-            title=f"{device} holds {format_bytes(releasable)} of free cached segments "
+            title=f"the allocator cache on {device} holds {format_bytes(cache)} free: "
+                  f"{format_bytes(releasable)} of it in free cached segments "
                   f"({_pct(share)} of {format_bytes(reserved)} reserved; {format_bytes(allocated)} allocated)",
             source="CUDA caching allocator (torch.cuda.memory_stats)",
             context={"device": device},
-            figures={"releasable_bytes": Figure(releasable, "bytes"), "reserved_bytes": Figure(reserved, "bytes"),
+            figures={"releasable_bytes": Figure(releasable, "bytes"), "allocator_cache_bytes": Figure(cache, "bytes"),
+                     "reserved_bytes": Figure(reserved, "bytes"),
                      "allocated_bytes": Figure(allocated, "bytes"), "active_bytes": Figure(active, "bytes"),
                      "inactive_split_bytes": Figure(split, "bytes")},
             action=f"torch.cuda.empty_cache() between requests (or after a rare large one) would return about "

@@ -94,6 +94,9 @@ class ModelHandle(Protocol):
     def object_paths(self) -> dict[int, str]:
         """``id(layer object) -> layer path`` for every layer of the model (tracked or not): how an
         exception's traceback is mapped to the layer that raised."""
+    def held_tensors(self) -> dict[str, dict[tuple[str, int], int]]:
+        """``{"weights": ..., "kv_cache": ...}``: ``(device, storage key) -> bytes`` of what the model
+        holds (the memory breakdown's components); empty where the adapter cannot tell."""
     def layer_signatures(self) -> dict[str, str]:
         """Path -> structural signature of every layer (``GET /v1/layers``, baselines)."""
     def environment(self) -> dict[str, str | None]:

@@ -139,6 +139,13 @@ class Instrumentation:
         """``id(layer object) -> layer path`` for every layer of the model, tracked or not."""
         raise NotImplementedError
 
+    def held_tensors(self) -> dict[str, dict[tuple[str, int], int]]:
+        """What the model holds, by kind: ``weights`` (its parameters and buffers) and ``kv_cache``
+        (the tensors of the KV cache its last forward was called with, while that cache lives), each
+        ``(device, storage key) -> bytes`` with a shared storage once. Empty where the adapter cannot
+        tell (the memory breakdown then says the model's weights are not counted)."""
+        return {}
+
     def layer_objects(self) -> list[tuple[str, Any]]:
         """``(path, layer object)`` for every layer of the model, in its order (empty once the model
         was garbage-collected)."""

@@ -54,13 +54,16 @@ class OomRecorder:
     """``samples()``: the sampler's recent samples; ``operations()``: the operation records;
     ``count_oom(device)``: counts an OOM the device's allocator does not count itself;
     ``store(doc, kind, model)``: stores the flight record (the dump service's ``store_json``);
-    ``explain(h, exc)``: the OOM's cause (``Cause.to_dict()``), None where nothing explains."""
+    ``explain(h, exc)``: the OOM's cause (``Cause.to_dict()``), None where nothing explains;
+    ``memory()``: the memory breakdown (``GET /v1/memory``'s document), carried in the record."""
 
     def __init__(self, samples: Callable[[], list[Sample]], operations: Callable[[], list[OperationRecord]],
                  count_oom: Callable[[str], None],
                  store: Callable[[dict[str, Any], str, str], DumpInfo | None],
-                 explain: Callable[[Any, BaseException], dict[str, Any] | None] | None = None) -> None:
+                 explain: Callable[[Any, BaseException], dict[str, Any] | None] | None = None,
+                 memory: Callable[[], dict[str, Any]] | None = None) -> None:
         self._samples = samples
+        self._memory = memory  # where the memory went at the last sampler tick (GET /v1/memory's)
         self._operations = operations
         self._count_oom = count_oom
         self._store = store
@@ -87,6 +90,11 @@ class OomRecorder:
             "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
             "cause": self._cause(h, exc),
         }
+        if self._memory is not None:
+            try:
+                doc["memory"] = self._memory()
+            except Exception as e:  # noqa: BLE001 - the flight record goes out without it
+                doc["memory"] = {"error": repr(e)}
         info = self._store(doc, "oom", h.name)
         doc["dump_id"] = info.id if info is not None else None
         self.records.append(doc)

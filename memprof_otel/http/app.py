@@ -39,6 +39,7 @@ from ..export.exposition_merge import OPENMETRICS
 from ..export.prometheus import count_samples, make_registry, render_exposition
 from ..export.worker_snapshots import render_all_workers, stale_after_s
 from ..sources import registry
+from ..telemetry.breakdown_service import MemoryBreakdownWatch
 from ..telemetry.leaks import LeakWatch
 from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
@@ -66,7 +67,7 @@ QUERY_PARAMETERS: dict[tuple[str, str], frozenset[str]] = {
     ("GET", "/v1/layers"): frozenset({"model"}), ("GET", "/v1/timeline"): frozenset({"since", "limit", "cursor"}),
     ("GET", "/v1/leaks"): frozenset({"top"}), ("GET", "/v1/advice"): frozenset({"model", "min_severity"}),
     ("GET", "/v1/watchdog/rules"): frozenset(), ("PUT", "/v1/watchdog/rules"): frozenset(),
-    ("GET", "/v1/postmortem"): frozenset(),
+    ("GET", "/v1/postmortem"): frozenset(), ("GET", "/v1/memory"): frozenset(),
     ("GET", "/v1/dumps"): frozenset(), ("POST", "/v1/dumps"): frozenset({"kind", "forwards", "timeout", "model", "wait"}),
     ("GET", DUMP_ROUTE): frozenset({"wait", "format"}),
 }
@@ -95,6 +96,7 @@ class EndpointServices(Protocol):
     scrape: ScrapeView        # the series, layer views and the series budget (/metrics, /v1/status)
     counters: SelfCounters    # where the server counts failed connections
     advisor: Advisor          # /v1/advice
+    memory: MemoryBreakdownWatch  # /v1/memory
 
     def ensure_started(self, config: Config | None = None) -> Any: ...
     def samples(self, since_unix: float | None = None) -> list[Any]: ...
@@ -279,6 +281,7 @@ class Endpoint:
             ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
             ("GET", "/v1/leaks"): self.leaks, ("GET", "/v1/headroom"): self.headroom,
             ("GET", "/v1/advice"): self.advice, ("GET", "/v1/postmortem"): self.postmortem,
+            ("GET", "/v1/memory"): self.memory,
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
@@ -506,6 +509,10 @@ class Endpoint:
             raise HttpError(400, "bad_parameter", f"min_severity must be one of {', '.join(SEVERITIES)}, "
                             f"got {_shown(floor)}")
         return json_response(200, self.rt.advisor.report(model, floor))  # UnknownModel: 404 unknown_model
+
+    def memory(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """Where the memory goes, per device, as of the last sampler tick. Read-only: starts nothing."""
+        return json_response(200, self.rt.memory.document())
 
     def postmortem(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         """The processes of this service that ended without a clean shutdown, from their black boxes."""

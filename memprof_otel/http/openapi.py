@@ -333,6 +333,35 @@ def _schemas() -> dict[str, Any]:
                 "devices": {"type": "array", "items": {"type": "string"}},
                 "models": {"type": "array", "items": {"type": "string"}},
                 "rules": {"type": "array", "items": {"type": "string"}}}}}},
+        "MemoryDevice": {"type": "object", "required": [
+            "total_bytes", "total_source", "age_seconds", "components", "unexplained_bytes", "unexplained_ratio",
+            "measured", "other_totals", "details", "notes"], "properties": {
+            "total_bytes": {"type": "integer", "minimum": 0,
+                            "description": "the process's memory on the device as the outside world measures it"},
+            "total_source": {"type": "string", "enum": ["rss", "nvml_process", "cuda_mem_get_info",
+                                                        "allocator_reserved"]},
+            "age_seconds": {"type": "number", "minimum": 0, "description": "since the sampler tick of the total"},
+            "components": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                           "description": "component -> bytes; they sum to total_bytes - unexplained_bytes"},
+            "unexplained_bytes": {"type": "integer", "description": "total less the components (may be negative)"},
+            "unexplained_ratio": _NUM,
+            "measured": {"type": "object", "description": "per component: how it was measured and how old it is",
+                         "additionalProperties": {"type": "object", "required": ["bytes", "source", "age_seconds"],
+                                                  "properties": {"bytes": {"type": "integer"},
+                                                                 "source": {"type": "string"},
+                                                                 "age_seconds": {"type": "number", "minimum": 0}}}},
+            "other_totals": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                             "description": "other total figures (cgroup_working_set)"},
+            "details": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                        "description": "parts of a component (allocator_cache_fragmented)"},
+            "notes": {"type": "array", "items": {"type": "string"},
+                      "description": "what is not measured on this device, and where it is counted instead"}}},
+        "Memory": {"type": "object", "required": ["devices", "tick_cost_seconds"], "properties": {
+            "devices": {"type": "object", "additionalProperties": _ref("MemoryDevice"),
+                        "description": "cpu and each CUDA device (cuda:N)"},
+            "tick_cost_seconds": {"type": "number", "minimum": 0,
+                                  "description": "what the last breakdown cost the sampler's tick"},
+            "reason": {"type": "string", "description": "why there is no device yet"}}},
         "Alerts": {"type": "object", "required": ["alerts"],
                    "properties": {"alerts": {"type": "array", "items": _OBJ}}},
     }
@@ -445,6 +474,12 @@ def openapi_document() -> dict[str, Any]:
                        "only the advice about this model, the device it runs on, and the process"),
                     _q("min_severity", {"type": "string", "enum": list(SEVERITIES), "default": SEVERITIES[0]},
                        "leave out advice below this severity")], schema=_ref("AdviceReport"))},
+            "/v1/memory": {"get": _op(
+                "where the memory goes: per device, the total as the kernel or the driver measures it, its "
+                "components (weights, KV cache, heaps, allocator cache...) and what is left unexplained, each "
+                "with how it was measured and its age (as of the last sampler tick)",
+                {"200": "the breakdown (no device before the first tick, with the reason)", **no_query, **auth},
+                schema=_ref("Memory"))},
             "/v1/watchdog/rules": {
                 "get": _op("the threshold rules in force", {"200": "rules", **no_query, **auth}, schema=_ref("Rules")),
                 "put": _op("replace the threshold rules", {"200": "rules now in force", "400": "bad rule, or a query parameter",

@@ -169,6 +169,7 @@ class HostAllocatorSource:
         self._lock = threading.Lock()  # guards the bookkeeping, never held during mallinfo2
         self._in_flight = True
         self._cost_ema = self._last_cost = self._last_read_at = 0.0
+        self._last_read_unix = 0.0  # time.time() at the end of the last real read
         self._reads = self._skipped = 0
         self._alloc_peak = self._res_peak = 0.0  # since reset_peak()
         self._life_alloc_peak = self._life_res_peak = 0.0
@@ -196,6 +197,11 @@ class HostAllocatorSource:
     @property
     def cost_ema_s(self) -> float:
         return self._cost_ema
+
+    @property
+    def last_read_unix(self) -> float:
+        """Unix time of the last real mallinfo2 read: how old the figures every reader gets are."""
+        return self._last_read_unix
 
     @property
     def reads(self) -> int:
@@ -246,6 +252,7 @@ class HostAllocatorSource:
                 _EMA_ALPHA * cost + (1 - _EMA_ALPHA) * self._cost_ema
             # Measured from the end of the read, so cost / (cost + wait) stays under the budget.
             self._last_read_at = end
+            self._last_read_unix = time.time()
             self._reads += 1
             self._publish(figures_from_mallinfo(raw))
             self._in_flight = False

@@ -17,6 +17,9 @@ import psutil
 from memprof_otel.sources import process_hwm
 from memprof_otel.sources.base import Reading, ratio
 from memprof_otel.sources.cgroup import LimitCache, dirs_from, find_dirs, memory_limit
+# /proc/PID/status lines read (kB): the RSS high-water mark and RSS by kind of page
+_RSS_PARTS = {"RssAnon": "rss_anon_bytes", "RssFile": "rss_file_bytes", "RssShmem": "rss_shmem_bytes"}
+_STATUS_KEYS = frozenset({"VmHWM", "VmRSS", *_RSS_PARTS})
 _fork_generation = 0
 _fork_hook_registered = False
 
@@ -142,11 +145,26 @@ class ProcessSource:
         return (pages[0] * self._page, pages[1] * self._page) if pages else None
 
     def _vm_hwm(self) -> int | None:
+        return self._status_figures().get("VmHWM")
+
+    def rss_parts(self) -> dict[str, float]:
+        """RSS and its parts from one read of ``status`` (VmRSS = RssAnon + RssFile + RssShmem, all
+        from the same moment): ``resident_memory_bytes`` and the ``rss_*_bytes`` keys of ``stats()``.
+        Empty when unreadable. Never raises."""
+        status = self._status_figures()
+        out = {name: float(status[key]) for key, name in _RSS_PARTS.items() if key in status}
+        if "VmRSS" in status:
+            out["resident_memory_bytes"] = float(status["VmRSS"])
+        return out
+
+    def _status_figures(self) -> dict[str, int]:
+        """The kB figures of ``status`` this source uses, in bytes (absent: unreadable)."""
+        out: dict[str, int] = {}
         for line in (self._read_text("status") or "").splitlines():
             fields = line.split()
-            if fields[:1] == ["VmHWM:"] and len(fields) > 1 and fields[1].isdigit():
-                return int(fields[1]) * 1024  # the kernel reports kB
-        return None
+            if fields[:1] and fields[0][:-1] in _STATUS_KEYS and len(fields) > 1 and fields[1].isdigit():
+                out[fields[0][:-1]] = int(fields[1]) * 1024  # the kernel reports kB
+        return out
 
     def _cpu_seconds(self) -> float | None:
         if self._real_proc and self._pid in ("self", str(os.getpid())):
@@ -226,7 +244,12 @@ class ProcessSource:
         if current is not None:
             out["resident_memory_bytes"] = float(current.allocated)
             out["virtual_memory_bytes"] = float(current.reserved)
-        if (hwm := self._vm_hwm()) is not None:
+        status = self._status_figures()
+        # RSS by kind of page (RssAnon + RssFile + RssShmem = VmRSS): the memory breakdown's split
+        for key, name in _RSS_PARTS.items():
+            if key in status:
+                out[name] = float(status[key])
+        if (hwm := status.get("VmHWM")) is not None:
             if self._real_proc and self._pid in ("self", str(os.getpid())):
                 # the memory model resets the kernel's mark around forwards (process_hwm.py),
                 # which keeps the lifetime peak it read before each reset

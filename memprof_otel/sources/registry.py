@@ -19,6 +19,7 @@ from .cuda_trace import CudaAllocatorTrace
 from .glibc import HostAllocatorSource
 from .nvml import NvmlSource
 from .process import ProcessSource
+from .python_heap import PythonHeapSource
 
 _lock = threading.Lock()
 _sources: dict[str, Any] = {}
@@ -72,6 +73,12 @@ def cuda_trace_in_flight() -> int:
 
 def process() -> ProcessSource | None:
     return _get("process", ProcessSource)
+
+
+def python_heap() -> PythonHeapSource | None:
+    """None (``memprof_source_up{source="python_heap"} 0``, with the reason) where this interpreter
+    cannot tell its object heap's size."""
+    return _get("python_heap", PythonHeapSource)
 
 
 def cgroup() -> CgroupSource | None:

@@ -270,6 +270,10 @@ def test_oom_in_a_layer_is_recorded_and_reraised_unchanged(tmp_path):
     assert len(rec["samples"]) >= 3 and all(s["process"]["resident_memory_bytes"] > 0 for s in rec["samples"])
     assert rec["samples"][-1]["t"] <= rec["time"]
     assert set(rec["layer_stats"]) >= {"", "pre"}
+    # where the memory went at the last tick before it: the parts add up to the process's RSS then
+    cpu = rec["memory"]["devices"]["cpu"]
+    assert cpu["total_source"] == "rss" and cpu["total_bytes"] > 0
+    assert sum(cpu["components"].values()) + cpu["unexplained_bytes"] == cpu["total_bytes"]
 
     # AND the model keeps working, with no attribution state left behind
     assert hooks.active_sink() is None and torch._C._len_torch_dispatch_stack() == 0

@@ -488,6 +488,32 @@ def test_body_over_cap_is_413_before_the_body_is_read(client, server):
     assert client.put("/v1/watchdog/rules", content=at_cap).status_code == 200
 
 
+# ---- /v1/memory ------------------------------------------------------------------------------
+
+def test_memory_answers_its_schema_the_parts_add_up_and_metrics_carry_the_same(client, tree):
+    spec = client.get("/openapi.json").json()
+    validator = jsonschema.Draft202012Validator({**spec["components"]["schemas"]["Memory"],
+                                                 "components": spec["components"]})
+    lin = torch.nn.Linear(64, 32)  # the tree has no parameters: a model that has weights
+    h = mp.instrument(lin, name="linear")
+    lin(torch.randn(2, 64))
+    doc = wait_until(lambda: (d := client.get("/v1/memory").json())["devices"].get("cpu", {}).get(
+        "components", {}).get("weights") and d, what="a CPU breakdown after the linear model was instrumented")
+    validator.validate(doc)
+    cpu = doc["devices"]["cpu"]
+    assert sum(cpu["components"].values()) + cpu["unexplained_bytes"] == cpu["total_bytes"] > 0
+    # the weights of every live instrumented model (earlier tests' may live on): each storage once
+    from memprof_otel.attribution.registry import live_handles
+    storages = {p.untyped_storage().data_ptr(): p.numel() * p.element_size() for h in live_handles().values()
+                if h.model is not None for p in [*h.model.parameters(), *h.model.buffers()]}
+    assert cpu["components"]["weights"] == sum(storages.values()) > 0
+    rows = scrape_values(client, "memprof_memory_bytes")
+    assert {dict(k)["component"] for k in rows if dict(k)["device"] == "cpu"} == {*cpu["components"], "unexplained"}
+    assert sum(v for k, v in rows.items() if dict(k)["device"] == "cpu") > 0
+    assert_error(client.get("/v1/memory", params={"x": "1"}), 400, "bad_parameter")
+    h.uninstrument()
+
+
 # ---- OpenAPI --------------------------------------------------------------------------------
 
 def test_openapi_documents_exactly_the_routes_the_server_answers(client, tree):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from . import hooks
+from . import held, hooks
 from ...sources import torch_compat as _torch_compat
 from ..._callouts import calls_application
 from ..._log import rate_limited
@@ -91,6 +91,10 @@ class TorchInstrumentation(Instrumentation):
         self._handles: list[Any] = []
         # module id -> a weak reference to one of its tensors: where a forward opened by it runs
         self._device_probes: dict[int, Callable[[], torch.Tensor | None]] = {}
+        # the KV cache the root forward was last called with, held weakly (the memory breakdown)
+        self._cache_tensors: Callable[[], list[torch.Tensor]] = _no_tensors
+        self._cache_ref: Callable[[], Any] = _no_tensor
+        self._weights = held.WeightWalker()
         self._attach(model)
 
     # ---- public API ------------------------------------------------------------------------
@@ -224,6 +228,8 @@ class TorchInstrumentation(Instrumentation):
         tls.features = None
         tls.busy = True
         try:
+            if kwargs and not path:
+                self._note_cache(kwargs)
             if hooks.active_sink() is None:
                 compiled = (under_dynamo or isinstance(module, _OptimizedModule)
                             or getattr(module, "_compiled_call_impl", None) is not None)
@@ -256,6 +262,26 @@ class TorchInstrumentation(Instrumentation):
         # skips our post-hook. ``_call_impl`` holds the args tuple until the call is over, so a
         # tuple that tells us when it dies restores the thread as soon as the unwinding is done.
         return _ForwardArgs(args, _ReleaseWatch(self, threading.get_ident(), tls.state))
+
+    def _note_cache(self, kwargs: dict[str, Any]) -> None:
+        """Remember the KV cache this forward is called with (the same ``Cache`` object on every
+        step of a ``generate()``: then nothing is done)."""
+        cache = held.cache_argument(kwargs)
+        if cache is None or cache is self._cache_ref():
+            return
+        self._cache_tensors = held.remember(cache)
+        try:
+            self._cache_ref = weakref.ref(cache)
+        except TypeError:  # a legacy tuple: a new one every step
+            self._cache_ref = _no_tensor
+
+    def held_tensors(self) -> dict[str, dict[tuple[str, int], int]]:
+        """The model's weights and its last KV cache by storage (``attribution/torch/held.py``)."""
+        model = self._model_ref()
+        weights = self._weights(model) if model is not None else {}
+        cache: held.StorageMap = {}
+        held.add_storages(self._cache_tensors(), cache)
+        return {"weights": weights, "kv_cache": cache}
 
     def _on_post(self, module: nn.Module, output: Any, args: Any = None) -> None:
         tls = self._tls
@@ -706,6 +732,10 @@ def _children(model: nn.Module) -> list[Any]:
     if is_keras_layer(model):
         return [m for p, m in keras_layer_paths(model) if p and "." not in p]
     return [m for _, m in model.named_children()]
+
+
+def _no_tensors() -> list[torch.Tensor]:
+    return []
 
 
 def _no_tensor() -> None:

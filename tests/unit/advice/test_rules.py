@@ -13,6 +13,7 @@ from memprof_otel.advice import (RULE_IDS, SEVERITIES, Advice, CapacityFacts, Ev
                                  ModelLayers, advise, build_report, severity_rank)
 from memprof_otel.advice import rules
 from memprof_otel.sources import cuda_stats
+from memprof_otel.units import format_bytes
 from memprof_otel.sources.glibc import figures_from_mallinfo
 from memprof_otel.units import format_bytes
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
@@ -119,6 +120,10 @@ def test_cache_slack_says_what_empty_cache_would_return_and_it_does():
     (a,) = by_id(advise(Evidence(sampled=True, allocators={"cuda:0": f})), "cache-slack")
     releasable = a.figures["releasable_bytes"].value
     assert releasable == 1024 * MIB and a.severity == "info"
+    # it cites the allocator cache (the memory breakdown's allocator_cache): all that is reserved, free
+    cache = a.figures["allocator_cache_bytes"].value
+    assert cache == f["reserved_bytes"] - f["allocated_bytes"] >= releasable
+    assert a.title.startswith(f"the allocator cache on cuda:0 holds {format_bytes(cache)} free")
     assert "empty_cache()" in a.action and "1.0 GiB" in a.action
     assert "inside a request" in a.action and "cudaMalloc" in a.action
     # what the advice says empty_cache() would return is what it returns
