@@ -65,7 +65,8 @@ def test_nothing_is_done_without_a_limit_or_glibc_or_when_refused() -> None:
     assert not st.fixed and "refused" in (st.reason or "")
 
 
-def test_the_setting_is_validated() -> None:
+def test_the_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", raising=False)  # the suite's own pin
     assert load_config({"capacity": {"mmap_threshold": "2MiB"}}).capacity.mmap_threshold == 2 << 20
     assert load_config({"capacity": {"mmap_threshold": "OFF"}}).capacity.mmap_threshold == "off"
     assert load_config({}).capacity.mmap_threshold == "auto"
