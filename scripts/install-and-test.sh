@@ -34,17 +34,32 @@ torch_index=()
 [ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
 pip_q=(-m pip install -q --disable-pip-version-check)
 
-# The five venvs are independent, so their heavy dependencies are installed at the same time (pip
-# spends much of its time waiting on the disk and the index). memprof-otel itself goes into each one
-# after the others, one at a time: an editable install writes memprof_otel.egg-info into this tree,
-# which two pips must not write at once. That last install repeats the venv's whole requirement list,
-# so pip resolves it together as before; what is installed already costs nothing. A side venv's
-# output goes to a log, shown only when its build fails.
+# The five venvs are independent, so they are built at the same time (pip spends much of its time
+# waiting on the disk and the index), and the tests start as soon as ./.venv is ready: the four side
+# venvs (TensorFlow, JAX, LitServe, Ray Serve) go on building while the suite runs, and the few test
+# files that need one of them run last and wait for it (tests/framework_venvs.py). Each side build
+# ends by writing its exit status to $MEMPROF_TEST_VENV_BUILDS/NAME.status, its log beside it
+# (NAME.log): a test that needs a venv whose build failed fails with that log's end, and so does the
+# script, after the suite. memprof-otel itself goes into each venv last, one venv at a time (the
+# tree's lock): an editable install writes memprof_otel.egg-info into this tree, which two pips must
+# not write at once. That last install repeats the venv's whole requirement list, so pip resolves it
+# together as before; what is installed already costs nothing.
 logs=$(mktemp -d)
+export MEMPROF_TEST_VENV_BUILDS="$logs"
 side_builds=()
-build() {  # build NAME COMMAND...: run COMMAND in the background, its output to $logs/NAME.log
-  local name=$1; shift
-  ( set -euo pipefail; "$@" ) >"$logs/$name.log" 2>&1 &
+trap 'wait' EXIT  # whatever ends the script, no build goes on writing after it
+tree_locked() { flock "$logs/tree.lock" "$@"; }  # tree_locked COMMAND...: COMMAND alone on this tree
+build() {  # build NAME: run venv_NAME in the background, its output to $logs/NAME.log, then NAME.status
+  local name=$1
+  (
+    set +e  # (not `|| rc=$?` below: that would turn off set -e inside the build too)
+    # below the foreground's priority: .venv first, then the tests; a side build takes what is left
+    renice -n 5 -p "$BASHPID" >/dev/null 2>&1 || true
+    ( set -euo pipefail; "venv_$name" ) >"$logs/$name.log" 2>&1
+    rc=$?
+    echo "$rc" >"$logs/$name.status.part" && mv "$logs/$name.status.part" "$logs/$name.status"
+    exit "$rc"
+  ) &
   side_builds+=("$name:$!")
 }
 torch_pinned() { "$1" "${pip_q[@]}" ${torch_index[@]+"${torch_index[@]}"} "${TORCH_SPEC:-torch==2.13.0}"; }
@@ -57,6 +72,7 @@ tf_reqs=("${TF_SPEC:-tensorflow-cpu==2.21.0}")
 venv_tf() {
   [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
   .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}"
+  tree_locked .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
 }
 # Keras on the JAX backend likewise in a venv of its own (keras in .venv imports jax when it is
 # there, and runs on the torch backend): jax with its CPU jaxlib, keras, and memprof-otel from this
@@ -65,6 +81,7 @@ jax_reqs=("${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5")
 venv_jax() {
   [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
   .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}"
+  tree_locked .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
 }
 # LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
 # only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
@@ -75,6 +92,7 @@ venv_litserve() {
   [ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
   torch_pinned .venv-litserve/bin/python
   .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}"
+  tree_locked .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
 }
 # Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
 # dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
@@ -84,11 +102,12 @@ venv_ray() {
   [ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
   torch_pinned .venv-ray/bin/python
   .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}"
+  tree_locked .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
 }
-build tf venv_tf
-build jax venv_jax
-build litserve venv_litserve
-build ray venv_ray
+build tf
+build jax
+build litserve
+build ray
 
 # The main venv, in the foreground. torch first and pinned (the version the suite is tested with): an
 # open-ended torch lets pip pick the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the
@@ -97,8 +116,23 @@ build ray venv_ray
 # TORCH_SPEC overrides the pin (e.g. TORCH_SPEC='torch==2.14.0' to try another release).
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 torch_pinned .venv/bin/python
-.venv/bin/python "${pip_q[@]}" -e '.[all]'
-
+tree_locked .venv/bin/python "${pip_q[@]}" -e '.[all]'
+export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
+export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
+export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
+# the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
+.venv/bin/lint-imports --no-cache
+# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
+# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
+# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile),
+# and the files go out in the order tests/conftest.py gives them (--no-loadscope-reorder; xdist would
+# otherwise hand out the files with the most tests first): the longest first, so that none is left
+# to run alone at the end, and those that need a side venv last. Options after the script's name
+# come last and win: `-n 0` runs the tests in one process.
+set +e
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"
+rc=$?
 failed=0
 for entry in "${side_builds[@]}"; do
   name=${entry%%:*}
@@ -110,19 +144,4 @@ for entry in "${side_builds[@]}"; do
 done
 rm -rf "$logs"
 [ "$failed" = 0 ] || exit 1
-# memprof-otel from this tree into each side venv, one after another (see above)
-.venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
-.venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
-.venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
-.venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
-export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
-export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
-export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
-export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
-# the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
-.venv/bin/lint-imports --no-cache
-# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
-# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
-# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile).
-# Options after the script's name come last and win: `-n 0` runs the tests in one process.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"
+exit "$rc"
