@@ -32,7 +32,15 @@ fi
 command -v go >/dev/null || apt_install golang-go
 torch_index=()
 [ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
-pip_q=(-m pip install -q --disable-pip-version-check)
+# pip does not compile every module it installs (--no-compile): the five venvs hold about 40,000
+# modules, of which the suite imports a few thousand, and compiling them all took about half of the
+# venvs' CPU time. Python compiles a module the first time it is imported and keeps its bytecode,
+# for which PYTHONDONTWRITEBYTECODE (set in some shells and CI images) must be unset here: with it,
+# the hundreds of interpreters the suite starts would each compile memprof_otel and the tests (and
+# now every library module) anew. The bytecode goes where Python puts it by default, into the
+# git-ignored __pycache__ folders.
+unset PYTHONDONTWRITEBYTECODE
+pip_q=(-m pip install -q --disable-pip-version-check --no-compile)
 
 # The five venvs are independent, so they are built at the same time (pip spends much of its time
 # waiting on the disk and the index), and the tests start as soon as ./.venv is ready: the four side
@@ -73,6 +81,7 @@ venv_tf() {
   [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
   .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}"
   tree_locked .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
+  .venv-tf/bin/python -c "import tensorflow, keras"  # compiled here, not in its first test's child
 }
 # Keras on the JAX backend likewise in a venv of its own (keras in .venv imports jax when it is
 # there, and runs on the torch backend): jax with its CPU jaxlib, keras, and memprof-otel from this
@@ -82,6 +91,7 @@ venv_jax() {
   [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
   .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}"
   tree_locked .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
+  .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
 }
 # LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
 # only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
@@ -93,6 +103,7 @@ venv_litserve() {
   torch_pinned .venv-litserve/bin/python
   .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}"
   tree_locked .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
+  .venv-litserve/bin/python -c "import torch, litserve, transformers"  # compiled here, not in its first test's child
 }
 # Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
 # dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
@@ -103,7 +114,10 @@ venv_ray() {
   torch_pinned .venv-ray/bin/python
   .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}"
   tree_locked .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
+  .venv-ray/bin/python -c "import torch, ray.serve"  # compiled here, not in its first test's child
 }
+# (a side venv's last step imports its framework once: the bytecode is then written here, in the
+# background, rather than by the first child a test starts, whose time is measured)
 build tf
 build jax
 build litserve

@@ -314,6 +314,7 @@ def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> t
         f'case "$*" in *" -e .[all]") sleep 0.3; echo ".venv: done" >> {order};; esac\n' + "".join(
             f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
             for log_name, key, var in side.values())
+        + f'[ "$2" != pytest ] || echo "PYTHONDONTWRITEBYTECODE=${{PYTHONDONTWRITEBYTECODE-unset}}" >> {tmp_path / "bytecode.log"}\n'
         + f'[ "$2" != pytest ] || {{\n  : > {started}\n  for n in tf jax litserve ray; do\n'
           f'    f="$MEMPROF_TEST_VENV_BUILDS/$n.status"; i=0\n'
           f'    while [ -n "$MEMPROF_TEST_VENV_BUILDS" ] && [ ! -e "$f" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
@@ -369,15 +370,18 @@ def _installs_of_this_tree_come_one_at_a_time(tmp_path: Path) -> None:
     for start, end in zip(tree[::2], tree[1::2]):
         venv = start.split(":")[0]
         assert not start.endswith(": done") and end == f"{venv}: done", calls
-    for venv in (".venv-tf", ".venv-jax", ".venv-litserve", ".venv-ray"):
+    for venv, framework in ((".venv-tf", "tensorflow"), (".venv-jax", "jax"), (".venv-litserve", "litserve"),
+                            (".venv-ray", "ray.serve")):
         mine = [c for c in calls if c.startswith(f"{venv}: ")]
-        assert mine[-2].endswith(" -e .") and mine[-1] == f"{venv}: done", mine
+        # then the framework imported once, so that its bytecode is written by the build
+        assert mine[-3].endswith(" -e .") and mine[-2] == f"{venv}: done", mine
+        assert mine[-1].startswith(f"{venv}: -c import ") and framework in mine[-1].replace(",", " ").split(), mine
 
 
 def _side_venv_calls(tmp_path: Path, log_name: str) -> list[str]:
     """A side venv's pip calls in their order, then the line the tests' environment left in the same
     log (the tests start while the side venvs build: that line may come before the last call)."""
-    lines = (tmp_path / log_name).read_text().splitlines()
+    lines = [c for c in (tmp_path / log_name).read_text().splitlines() if not c.startswith("-c ")]
     return [c for c in lines if c.startswith("-m ")] + [c for c in lines if not c.startswith("-m ")]
 
 
@@ -419,7 +423,10 @@ def test_the_two_test_workers_come_from_the_dev_extra():
 def test_the_tests_start_while_the_side_venvs_build_and_each_build_leaves_its_status(tmp_path: Path):
     # each side venv's pip waits until pytest has started: a script that waited for them first
     # would leave them waiting (20 s each, then "pytest had not started")
-    _run_install_script(tmp_path, {"FAKE_SIDE_WAITS_FOR_PYTEST": "1"})
+    calls = _run_install_script(tmp_path, {"FAKE_SIDE_WAITS_FOR_PYTEST": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    # pip compiles nothing; Python compiles what is imported and keeps it (never anew in each process)
+    assert all("--no-compile" in c.split() for c in calls if c.startswith("-m pip"))
+    assert (tmp_path / "bytecode.log").read_text().splitlines() == ["PYTHONDONTWRITEBYTECODE=unset"]
     order = (tmp_path / "order.log").read_text().splitlines()
     assert "pytest had not started" not in order, order
     main = [c for c in order if c.startswith(".venv:")]  # .venv in the foreground, then the tests
