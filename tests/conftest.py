@@ -18,7 +18,7 @@ os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 # ---- the order of the files, and the side venvs the test command builds while the suite runs ----
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the longest files first and those that need a side venv after them (tests/framework_venvs.py);
+    # the longest files first, those that need a side venv last (tests/framework_venvs.py);
     # pytest-xdist hands the files out in this order (--no-loadscope-reorder)
     paths = [item.nodeid.split("::", 1)[0] for item in items]  # the file, relative to the rootdir
     items[:] = [items[i] for i in framework_venvs.file_order(paths)]

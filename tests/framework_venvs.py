@@ -54,9 +54,8 @@ def _tail(log: Path) -> str:
 
 # The files that take longest, measured (docs/testing.md), in the order they go out to the two
 # workers: a long file handed out last would run alone at the end while the other worker idles.
-# The out-of-memory test first (about two minutes on one worker, its own cgroup); the files that
-# need a side venv after the other long ones, when their venvs have long been built; every other
-# file afterwards, in collection order, the short ones filling the end.
+# The out-of-memory test first (about two minutes on one worker, its own cgroup), then the other
+# long ones; then every other file, in collection order.
 FIRST = (
     "tests/integration/test_oom_cgroup.py",
     "tests/integration/test_capacity_real_models.py",
@@ -75,7 +74,11 @@ FIRST = (
     "tests/integration/test_blackbox_postmortem.py",
     "tests/unit/test_install_fit.py",
     "tests/integration/test_compile.py",
-    # the side venvs' files
+)
+# The files that need a side venv, at the very end, longest first: their venvs get the whole suite's
+# time to build on a busy machine, and the six of them, between 20 and 90 s each, still end the two
+# workers' queues within about one short file of each other.
+LAST = (
     "tests/integration/test_keras_tensorflow_backend.py",
     "tests/integration/test_keras_jax_backend.py",
     "tests/integration/test_ray_serve.py",
@@ -87,7 +90,9 @@ FIRST = (
 
 def file_order(relpaths: Sequence[str]) -> list[int]:
     """Indexes of ``relpaths`` (each item's file, relative to the repository, in collection order)
-    in the order to run them: the files of FIRST in its order, then the rest as collected. A sort
-    key per file, so that a file's items stay together and in their own order."""
+    in the order to run them: the files of FIRST in its order, the rest as collected, then the files
+    of LAST in its order. A sort key per file, so that a file's items stay together and in their own
+    order."""
     rank = {path: i for i, path in enumerate(FIRST)}
+    rank.update({path: len(FIRST) + 1 + i for i, path in enumerate(LAST)})
     return sorted(range(len(relpaths)), key=lambda i: rank.get(relpaths[i], len(FIRST)))

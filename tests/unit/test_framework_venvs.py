@@ -61,13 +61,14 @@ def test_a_build_that_never_ends_is_reported_at_the_limit(tmp_path: Path):
     assert now[0] == 60.0
 
 
-def test_the_listed_files_go_first_in_their_order_and_the_rest_keep_theirs():
-    first = fv.FIRST[0]
-    collected = ["tests/unit/a.py", "tests/unit/a.py", fv.FIRST[2], "tests/unit/b.py", first, first]
+def test_the_listed_files_go_first_and_last_in_their_order_and_the_rest_keep_theirs():
+    first, last = fv.FIRST[0], fv.LAST[0]
+    collected = [fv.LAST[1], "tests/unit/a.py", "tests/unit/a.py", fv.FIRST[2], last, "tests/unit/b.py", first,
+                 first]
     order = fv.file_order(collected)
     assert [collected[i] for i in order] == [first, first, fv.FIRST[2], "tests/unit/a.py", "tests/unit/a.py",
-                                             "tests/unit/b.py"]
-    assert order[:2] == [4, 5] and order[3:5] == [0, 1]  # a file's items keep their own order
+                                             "tests/unit/b.py", last, fv.LAST[1]]
+    assert order[:2] == [6, 7] and order[3:5] == [1, 2]  # a file's items keep their own order
 
 
 def _marked_venv(path: Path) -> str | None:
@@ -79,9 +80,10 @@ def _marked_venv(path: Path) -> str | None:
     return None
 
 
-def test_every_listed_file_exists_and_every_file_that_needs_a_side_venv_waits_for_it_after_the_others():
-    assert all((REPO / path).is_file() for path in fv.FIRST), [p for p in fv.FIRST if not (REPO / p).is_file()]
-    assert len(set(fv.FIRST)) == len(fv.FIRST)
+def test_every_listed_file_exists_and_the_files_that_need_a_side_venv_come_last():
+    listed = fv.FIRST + fv.LAST
+    assert all((REPO / path).is_file() for path in listed), [p for p in listed if not (REPO / p).is_file()]
+    assert len(set(listed)) == len(listed)
     marked = {path.relative_to(REPO).as_posix(): _marked_venv(path) for path in (REPO / "tests").rglob("test_*.py")}
     marked = {path: venv for path, venv in marked.items() if venv is not None}
     # the modules that read an interpreter of a side venv are the ones marked, with that venv
@@ -92,12 +94,6 @@ def test_every_listed_file_exists_and_every_file_that_needs_a_side_venv_waits_fo
         used = {venv for var, venv in reads.items() if f'environ.get("{var}")' in text}
         assert used == ({marked[path.relative_to(REPO).as_posix()]} if path.relative_to(REPO).as_posix() in marked
                         else set()), path
-    assert set(marked) == {"tests/integration/test_keras_tensorflow_backend.py",
-                           "tests/integration/test_keras_tf_cpu_statistics.py",
-                           "tests/integration/test_keras_example.py",
-                           "tests/integration/test_keras_jax_backend.py",
-                           "tests/integration/test_litserve.py", "tests/integration/test_ray_serve.py"}
-    # they come after every other listed file: by then their venvs have long been built
-    last_other = max(i for i, p in enumerate(fv.FIRST) if p not in marked)
-    assert all(fv.FIRST.index(p) > last_other for p in marked)
+    # they are the files that go out last: their venvs get the whole suite's time to build
+    assert set(marked) == set(fv.LAST)
     assert fv.FIRST[0] == "tests/integration/test_oom_cgroup.py"
