@@ -91,7 +91,7 @@ venv_jax() {
   [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
   .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}"
   tree_locked .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
-  .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
+  KERAS_BACKEND=jax .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
 }
 # LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
 # only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
