@@ -32,19 +32,42 @@ fi
 command -v go >/dev/null || apt_install golang-go
 torch_index=()
 [ -z "${TORCH_INDEX_URL:-}" ] || torch_index=(--index-url "$TORCH_INDEX_URL")
-pip_q=(-m pip install -q --disable-pip-version-check)
+# pip does not compile every module it installs (--no-compile): the five venvs hold about 40,000
+# modules, of which the suite imports a few thousand, and compiling them all took about half of the
+# venvs' CPU time. Python compiles a module the first time it is imported and keeps its bytecode,
+# for which PYTHONDONTWRITEBYTECODE (set in some shells and CI images) must be unset here: with it,
+# the hundreds of interpreters the suite starts would each compile memprof_otel and the tests (and
+# now every library module) anew. The bytecode goes where Python puts it by default, into the
+# git-ignored __pycache__ folders.
+unset PYTHONDONTWRITEBYTECODE
+pip_q=(-m pip install -q --disable-pip-version-check --no-compile)
 
-# The five venvs are independent, so their heavy dependencies are installed at the same time (pip
-# spends much of its time waiting on the disk and the index). memprof-otel itself goes into each one
-# after the others, one at a time: an editable install writes memprof_otel.egg-info into this tree,
-# which two pips must not write at once. That last install repeats the venv's whole requirement list,
-# so pip resolves it together as before; what is installed already costs nothing. A side venv's
-# output goes to a log, shown only when its build fails.
+# The five venvs are independent, so they are built at the same time (pip spends much of its time
+# waiting on the disk and the index), and the tests start as soon as ./.venv is ready: the four side
+# venvs (TensorFlow, JAX, LitServe, Ray Serve) go on building while the suite runs, and the few test
+# files that need one of them run last and wait for it (tests/framework_venvs.py). Each side build
+# ends by writing its exit status to $MEMPROF_TEST_VENV_BUILDS/NAME.status, its log beside it
+# (NAME.log): a test that needs a venv whose build failed fails with that log's end, and so does the
+# script, after the suite. memprof-otel itself goes into each venv last, one venv at a time (the
+# tree's lock): an editable install writes memprof_otel.egg-info into this tree, which two pips must
+# not write at once. That last install repeats the venv's whole requirement list, so pip resolves it
+# together as before; what is installed already costs nothing.
 logs=$(mktemp -d)
+export MEMPROF_TEST_VENV_BUILDS="$logs"
 side_builds=()
-build() {  # build NAME COMMAND...: run COMMAND in the background, its output to $logs/NAME.log
-  local name=$1; shift
-  ( set -euo pipefail; "$@" ) >"$logs/$name.log" 2>&1 &
+trap 'wait' EXIT  # whatever ends the script, no build goes on writing after it
+tree_locked() { flock "$logs/tree.lock" "$@"; }  # tree_locked COMMAND...: COMMAND alone on this tree
+build() {  # build NAME: run venv_NAME in the background, its output to $logs/NAME.log, then NAME.status
+  local name=$1
+  (
+    set +e  # (not `|| rc=$?` below: that would turn off set -e inside the build too)
+    # below the foreground's priority: .venv first, then the tests; a side build takes what is left
+    renice -n 5 -p "$BASHPID" >/dev/null 2>&1 || true
+    ( set -euo pipefail; "venv_$name" ) >"$logs/$name.log" 2>&1
+    rc=$?
+    echo "$rc" >"$logs/$name.status.part" && mv "$logs/$name.status.part" "$logs/$name.status"
+    exit "$rc"
+  ) &
   side_builds+=("$name:$!")
 }
 torch_pinned() { "$1" "${pip_q[@]}" ${torch_index[@]+"${torch_index[@]}"} "${TORCH_SPEC:-torch==2.13.0}"; }
@@ -57,6 +80,8 @@ tf_reqs=("${TF_SPEC:-tensorflow-cpu==2.21.0}")
 venv_tf() {
   [ -x .venv-tf/bin/python ] || "$PY" -m venv .venv-tf
   .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}"
+  tree_locked .venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
+  .venv-tf/bin/python -c "import tensorflow, keras"  # compiled here, not in its first test's child
 }
 # Keras on the JAX backend likewise in a venv of its own (keras in .venv imports jax when it is
 # there, and runs on the torch backend): jax with its CPU jaxlib, keras, and memprof-otel from this
@@ -65,6 +90,8 @@ jax_reqs=("${JAX_SPEC:-jax[cpu]==0.10.2}" "keras>=3.5")
 venv_jax() {
   [ -x .venv-jax/bin/python ] || "$PY" -m venv .venv-jax
   .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}"
+  tree_locked .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
+  KERAS_BACKEND=jax .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
 }
 # LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
 # only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
@@ -75,6 +102,8 @@ venv_litserve() {
   [ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
   torch_pinned .venv-litserve/bin/python
   .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}"
+  tree_locked .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
+  .venv-litserve/bin/python -c "import torch, litserve, transformers"  # compiled here, not in its first test's child
 }
 # Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
 # dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
@@ -84,11 +113,15 @@ venv_ray() {
   [ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
   torch_pinned .venv-ray/bin/python
   .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}"
+  tree_locked .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
+  .venv-ray/bin/python -c "import torch, ray.serve"  # compiled here, not in its first test's child
 }
-build tf venv_tf
-build jax venv_jax
-build litserve venv_litserve
-build ray venv_ray
+# (a side venv's last step imports its framework once: the bytecode is then written here, in the
+# background, rather than by the first child a test starts, whose time is measured)
+build tf
+build jax
+build litserve
+build ray
 
 # The main venv, in the foreground. torch first and pinned (the version the suite is tested with): an
 # open-ended torch lets pip pick the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the
@@ -97,8 +130,23 @@ build ray venv_ray
 # TORCH_SPEC overrides the pin (e.g. TORCH_SPEC='torch==2.14.0' to try another release).
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 torch_pinned .venv/bin/python
-.venv/bin/python "${pip_q[@]}" -e '.[all]'
-
+tree_locked .venv/bin/python "${pip_q[@]}" -e '.[all]'
+export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
+export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
+export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
+export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
+# the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
+.venv/bin/lint-imports --no-cache
+# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
+# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
+# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile),
+# and the files go out in the order tests/conftest.py gives them (--no-loadscope-reorder; xdist would
+# otherwise hand out the files with the most tests first): the longest first, so that none is left
+# to run alone at the end, and those that need a side venv last. Options after the script's name
+# come last and win: `-n 0` runs the tests in one process.
+set +e
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"
+rc=$?
 failed=0
 for entry in "${side_builds[@]}"; do
   name=${entry%%:*}
@@ -110,19 +158,4 @@ for entry in "${side_builds[@]}"; do
 done
 rm -rf "$logs"
 [ "$failed" = 0 ] || exit 1
-# memprof-otel from this tree into each side venv, one after another (see above)
-.venv-tf/bin/python "${pip_q[@]}" "${tf_reqs[@]}" -e .
-.venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
-.venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
-.venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
-export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
-export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
-export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
-export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
-# the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
-.venv/bin/lint-imports --no-cache
-# Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,
-# Prometheus, interpreters importing torch), so two at once keep a 2-core machine busier than one.
-# A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile).
-# Options after the script's name come last and win: `-n 0` runs the tests in one process.
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"
+exit "$rc"

@@ -1,5 +1,9 @@
 import os
 
+import pytest
+
+from tests import framework_venvs
+
 # real models load from site-packages only; never reach for a hub
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -15,3 +19,37 @@ os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 # container limit. The suite keeps glibc's default everywhere; the tests of the setting pass it
 # explicitly, and the OOM cgroup test's child drops this to get the shipped default.
 os.environ.setdefault("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "off")
+
+# ---- the order of the files, and the side venvs the test command builds while the suite runs ----
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the longest files first, those that need a side venv last (tests/framework_venvs.py);
+    # pytest-xdist hands the files out in this order (--no-loadscope-reorder)
+    paths = [item.nodeid.split("::", 1)[0] for item in items]  # the file, relative to the rootdir
+    items[:] = [items[i] for i in framework_venvs.file_order(paths)]
+
+
+_venv_failures: dict[str, str] = {}
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # Outside pytest-timeout's hook (tryfirst; a conftest's wrapper is entered before the plugin's):
+    # waiting for a venv being built is no part of a test's time limit.
+    marker = item.get_closest_marker(framework_venvs.MARKER)
+    if marker is not None and marker.args[0] not in _venv_failures:
+        try:
+            framework_venvs.wait_for_build(marker.args[0])
+            _venv_failures[marker.args[0]] = ""
+        except framework_venvs.VenvBuildFailed as e:
+            _venv_failures[marker.args[0]] = str(e)
+    yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _framework_venv_built(request: pytest.FixtureRequest) -> None:
+    """A module whose side venv failed to build fails with the build's log (it is never skipped),
+    before its own module fixtures start that venv's interpreter (an autouse fixture comes first)."""
+    marker = request.node.get_closest_marker(framework_venvs.MARKER)
+    if marker is not None and _venv_failures.get(marker.args[0]):
+        pytest.fail(_venv_failures[marker.args[0]], pytrace=False)

@@ -31,6 +31,8 @@ TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")
 if not TF_PYTHON:
     pytest.skip("MEMPROF_TEST_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "
                 "scripts/install-and-test.sh builds as .venv-tf)", allow_module_level=True)
+# the test command may still be building it: the tests wait (tests/framework_venvs.py)
+pytestmark = pytest.mark.framework_venv("tf")
 
 EXAMPLE = Path(REPO) / "examples" / "keras_server.py"
 MODEL = "keras-mlp"

@@ -29,6 +29,8 @@ JAX_PYTHON = os.environ.get("MEMPROF_TEST_JAX_PYTHON")
 if not JAX_PYTHON:
     pytest.skip("MEMPROF_TEST_JAX_PYTHON is not set (the interpreter with jax[cpu] and keras that "
                 "scripts/install-and-test.sh builds as .venv-jax)", allow_module_level=True)
+# the test command may still be building it: the tests wait (tests/framework_venvs.py)
+pytestmark = pytest.mark.framework_venv("jax")
 
 MIB = 1 << 20
 

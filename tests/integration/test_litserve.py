@@ -31,6 +31,8 @@ LITSERVE_PYTHON = os.environ.get("MEMPROF_TEST_LITSERVE_PYTHON")
 if not LITSERVE_PYTHON:
     pytest.skip("MEMPROF_TEST_LITSERVE_PYTHON is not set (the interpreter with litserve that "
                 "scripts/install-and-test.sh builds as .venv-litserve)", allow_module_level=True)
+# the test command may still be building it: the tests wait (tests/framework_venvs.py)
+pytestmark = pytest.mark.framework_venv("litserve")
 
 EXAMPLE = REPO / "examples" / "litserve_server.py"
 LAYERS = 'memprof_layer_forward_seconds_count{model="minilm"}'

@@ -40,6 +40,8 @@ RAY_PYTHON = os.environ.get("MEMPROF_TEST_RAY_PYTHON")
 if not RAY_PYTHON:
     pytest.skip("MEMPROF_TEST_RAY_PYTHON is not set (the interpreter with ray[serve] that "
                 "scripts/install-and-test.sh builds as .venv-ray)", allow_module_level=True)
+# the test command may still be building it: the tests wait (tests/framework_venvs.py)
+pytestmark = pytest.mark.framework_venv("ray")
 
 DRIVER = "tests/integration/ray_serve_driver.py"
 PEAK = "memprof_layer_peak_increase_bytes"

@@ -277,13 +277,22 @@ def test_grpc_endpoint_without_the_extra_logs_one_line_and_the_rest_runs():
 def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> tuple[Path, Path]:
     """A copy of scripts/install-and-test.sh in a copy of the repo layout where each venv's
     ``bin/python`` records its arguments instead of installing (in a log of its own, and in
-    ``order.log`` with the venv's name, in the order the calls came). The main interpreter also
-    records, when pytest starts, the environment the tests get. ``failing_venv`` names a side venv
-    whose pip fails. Returns the script and an empty folder for programs to put on PATH."""
+    ``order.log`` with the venv's name, in the order the calls came; an install of this tree takes
+    0.3 s and records its end too, ``VENV: done``). The main interpreter also records, when pytest
+    starts, the environment the tests get, then (in ``statuses.log``) the status each side build
+    leaves for the tests, waiting up to 20 s for each. ``failing_venv`` names a side venv whose pip
+    fails. With ``FAKE_SIDE_WAITS_FOR_PYTEST`` set, each side venv's install waits (up to 20 s) for
+    pytest to have started, and records in ``order.log`` if it had not. Returns the script and
+    an empty folder for programs to put on PATH."""
     (tmp_path / "scripts").mkdir()
     script = tmp_path / "scripts" / "install-and-test.sh"
     script.write_text((REPO / "scripts" / "install-and-test.sh").read_text(encoding="utf-8"))
     order = tmp_path / "order.log"
+    started = tmp_path / "pytest-started"
+    wait_for_pytest = (  # shell builtins and sleep only: some tests leave little on PATH
+        f'if [ -n "$FAKE_SIDE_WAITS_FOR_PYTEST" ]; then\n  i=0\n'
+        f'  while [ ! -e {started} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
+        f'  [ -e {started} ] || echo "pytest had not started" >> {order}\nfi\n')
     side = {".venv-tf": ("tf_calls.log", "TF", "MEMPROF_TEST_TF_PYTHON"),
             ".venv-jax": ("jax_calls.log", "JAX", "MEMPROF_TEST_JAX_PYTHON"),
             ".venv-litserve": ("litserve_calls.log", "LIT", "MEMPROF_TEST_LITSERVE_PYTHON"),
@@ -292,15 +301,26 @@ def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> t
         bindir = tmp_path / venv / "bin"
         bindir.mkdir(parents=True)
         fail = f'echo "pip: no such version ({venv})"; exit 1\n' if venv == failing_venv else ""
-        (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path / log_name}\n'
-                                       f'echo "{venv}: $*" >> {order}\n{fail}')
+        (bindir / "python").write_text(
+            f'#!/bin/sh\n{wait_for_pytest}echo "$*" >> {tmp_path / log_name}\necho "{venv}: $*" >> {order}\n{fail}'
+            f'case "$*" in *" -e .") sleep 0.3; echo "{venv}: done" >> {order};; esac\n')
         (bindir / "python").chmod(0o755)
     log = tmp_path / "calls.log"
     bindir = tmp_path / ".venv" / "bin"
     bindir.mkdir(parents=True)
-    (bindir / "python").write_text(f'#!/bin/sh\necho "$*" >> {log}\necho ".venv: $*" >> {order}\n' + "".join(
-        f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
-        for log_name, key, var in side.values()))
+    statuses = tmp_path / "statuses.log"
+    (bindir / "python").write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\necho ".venv: $*" >> {order}\n'
+        f'case "$*" in *" -e .[all]") sleep 0.3; echo ".venv: done" >> {order};; esac\n' + "".join(
+            f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
+            for log_name, key, var in side.values())
+        + f'[ "$2" != pytest ] || echo "PYTHONDONTWRITEBYTECODE=${{PYTHONDONTWRITEBYTECODE-unset}}" >> {tmp_path / "bytecode.log"}\n'
+        + f'[ "$2" != pytest ] || {{\n  : > {started}\n  for n in tf jax litserve ray; do\n'
+          f'    f="$MEMPROF_TEST_VENV_BUILDS/$n.status"; i=0\n'
+          f'    while [ -n "$MEMPROF_TEST_VENV_BUILDS" ] && [ ! -e "$f" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
+          f'    code=none; [ ! -e "$f" ] || read -r code < "$f"\n'
+          f'    tail=$(while read -r line; do last=$line; done < "$MEMPROF_TEST_VENV_BUILDS/$n.log"; echo "$last")\n'
+          f'    echo "$n $code $tail" >> {statuses}\n  done\n}}\n')
     (bindir / "lint-imports").write_text("#!/bin/sh\nexit 0\n")  # the import contracts: not under test here
     for f in [bindir / "python", bindir / "lint-imports"]:
         f.chmod(0o755)
@@ -322,41 +342,63 @@ def _run_install_script(tmp_path: Path, env: dict[str, str], failing_venv: str |
     r = subprocess.run(["bash", str(script), "-q", "-k", "x"], capture_output=True, text=True, timeout=60,
                        env=full_env)
     if failing_venv is not None:
+        # the tests ran meanwhile (those that need the venv fail with its log's end, given them in its
+        # status), and the script fails after them, with that log's end
         assert r.returncode == 1, r.stderr
         assert f"building {failing_venv} failed" in r.stderr and f"no such version ({failing_venv})" in r.stderr
-        assert not any(" pytest" in c for c in log.read_text().splitlines())  # the tests never started
+        assert any(c.startswith("-m pytest") for c in log.read_text().splitlines())
+        name = failing_venv.removeprefix(".venv-")
+        # its build stopped at the failed install
+        assert len([c for c in _side_venv_calls(tmp_path, f"{name}_calls.log") if c.startswith("-m ")]) == 1
+        statuses = (tmp_path / "statuses.log").read_text().splitlines()
+        assert f"{name} 1 pip: no such version ({failing_venv})" in statuses, statuses
+        assert all(line.split()[1] == "0" for line in statuses if not line.startswith(f"{name} ")), statuses
         return log.read_text().splitlines()
     assert r.returncode == 0, r.stderr
     return log.read_text().splitlines()
 
 
-def _installs_of_this_tree_come_last_one_at_a_time(tmp_path: Path) -> None:
-    """The side venvs' dependencies install while .venv's do; memprof-otel goes into each of them
-    afterwards, in the foreground (two editable installs of one tree must not run at once: each
-    writes its egg-info into the tree). Each side venv's last install repeats its dependencies'
-    requirement list, so pip resolves them together with memprof-otel's."""
+def _installs_of_this_tree_come_one_at_a_time(tmp_path: Path) -> None:
+    """The venvs build at the same time; each gets memprof-otel from this tree after its own
+    dependencies, and never two at once (an editable install writes its egg-info into the tree):
+    the installs of the tree, each recorded at its start and at its end 0.3 s later, never
+    interleave. Each side venv's last install repeats its dependencies' requirement list, so pip
+    resolves them together with memprof-otel's."""
     calls = (tmp_path / "order.log").read_text().splitlines()
-    editable = [i for i, c in enumerate(calls) if c.startswith(".venv-") and c.endswith(" -e .")]
-    assert len(editable) == 4, calls
-    others = [i for i, c in enumerate(calls) if c.startswith(".venv") and not c.endswith(" -e .")
-              and " pytest" not in c]
-    assert max(others) < min(editable), calls
+    tree = [c for c in calls if c.endswith((" -e .", " -e .[all]", ": done"))]
+    assert len(tree) == 2 * 5, calls
+    for start, end in zip(tree[::2], tree[1::2]):
+        venv = start.split(":")[0]
+        assert not start.endswith(": done") and end == f"{venv}: done", calls
+    for venv, framework in ((".venv-tf", "tensorflow"), (".venv-jax", "jax"), (".venv-litserve", "litserve"),
+                            (".venv-ray", "ray.serve")):
+        mine = [c for c in calls if c.startswith(f"{venv}: ")]
+        # then the framework imported once, so that its bytecode is written by the build
+        assert mine[-3].endswith(" -e .") and mine[-2] == f"{venv}: done", mine
+        assert mine[-1].startswith(f"{venv}: -c import ") and framework in mine[-1].replace(",", " ").split(), mine
+
+
+def _side_venv_calls(tmp_path: Path, log_name: str) -> list[str]:
+    """A side venv's pip calls in their order, then the line the tests' environment left in the same
+    log (the tests start while the side venvs build: that line may come before the last call)."""
+    lines = [c for c in (tmp_path / log_name).read_text().splitlines() if not c.startswith("-c ")]
+    return [c for c in lines if c.startswith("-m ")] + [c for c in lines if not c.startswith("-m ")]
 
 
 def _tf_venv_calls(tmp_path: Path) -> list[str]:
-    return (tmp_path / "tf_calls.log").read_text().splitlines()
+    return _side_venv_calls(tmp_path, "tf_calls.log")
 
 
 def _jax_venv_calls(tmp_path: Path) -> list[str]:
-    return (tmp_path / "jax_calls.log").read_text().splitlines()
+    return _side_venv_calls(tmp_path, "jax_calls.log")
 
 
 def _litserve_venv_calls(tmp_path: Path) -> list[str]:
-    return (tmp_path / "litserve_calls.log").read_text().splitlines()
+    return _side_venv_calls(tmp_path, "litserve_calls.log")
 
 
 def _ray_venv_calls(tmp_path: Path) -> list[str]:
-    return (tmp_path / "ray_calls.log").read_text().splitlines()
+    return _side_venv_calls(tmp_path, "ray_calls.log")
 
 
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
@@ -366,12 +408,33 @@ def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
     assert torch_line.endswith("torch==2.13.0")
     assert "-e .[all]" in project_line and "--index-url" not in project_line
     assert pytest_line.startswith("-m pytest") and pytest_line.endswith("-q -k x")
-    # two workers, a file's tests on one of them; the caller's options after ours, so theirs win
-    assert " -n 2 --dist loadfile -q -k x" in pytest_line
+    # two workers, a file's tests on one of them, the files in the order tests/conftest.py gives
+    # them; the caller's options after ours, so theirs win
+    assert " -n 2 --dist loadfile --no-loadscope-reorder -q -k x" in pytest_line
 
 
 def test_the_two_test_workers_come_from_the_dev_extra():
-    assert any(Requirement(r).name == "pytest-xdist" for r in _project()["optional-dependencies"]["dev"])
+    (xdist,) = [Requirement(r) for r in _project()["optional-dependencies"]["dev"]
+                if Requirement(r).name == "pytest-xdist"]
+    # --no-loadscope-reorder came in pytest-xdist 3.8.0
+    assert not xdist.specifier.contains(Version("3.7.0")) and xdist.specifier.contains(Version("3.8.0"))
+
+
+def test_the_tests_start_while_the_side_venvs_build_and_each_build_leaves_its_status(tmp_path: Path):
+    # each side venv's pip waits until pytest has started: a script that waited for them first
+    # would leave them waiting (20 s each, then "pytest had not started")
+    calls = _run_install_script(tmp_path, {"FAKE_SIDE_WAITS_FOR_PYTEST": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    # pip compiles nothing; Python compiles what is imported and keeps it (never anew in each process)
+    assert all("--no-compile" in c.split() for c in calls if c.startswith("-m pip"))
+    assert (tmp_path / "bytecode.log").read_text().splitlines() == ["PYTHONDONTWRITEBYTECODE=unset"]
+    order = (tmp_path / "order.log").read_text().splitlines()
+    assert "pytest had not started" not in order, order
+    main = [c for c in order if c.startswith(".venv:")]  # .venv in the foreground, then the tests
+    assert main[1].endswith(" -e .[all]") and main[2] == ".venv: done" and main[3].startswith(".venv: -m pytest")
+    # while the tests run, each side build ends by leaving its exit status for them
+    statuses = sorted(line.split()[:2] for line in (tmp_path / "statuses.log").read_text().splitlines())
+    assert statuses == [["jax", "0"], ["litserve", "0"], ["ray", "0"], ["tf", "0"]]
+    _installs_of_this_tree_come_one_at_a_time(tmp_path)
 
 
 @pytest.mark.parametrize("venv", [".venv-tf", ".venv-ray"])
@@ -392,7 +455,7 @@ def test_install_script_puts_tensorflow_in_its_own_venv_and_names_it_to_the_test
     # pinned, with memprof-otel from this tree and its runtime dependencies only (no extra)
     assert deps.startswith("-m pip install") and deps.endswith("tensorflow-cpu==2.21.0")
     assert install == f"{deps} -e ."
-    _installs_of_this_tree_come_last_one_at_a_time(tmp_path)
+    _installs_of_this_tree_come_one_at_a_time(tmp_path)
     assert tests_env == f"TF={tmp_path / '.venv-tf' / 'bin' / 'python'}"
 
 
@@ -508,7 +571,7 @@ def _run_install_script_with_real_apt(tmp_path: Path, installed: tuple[str, ...]
         ("State", "state"), ("State::status", "state/status"), ("Cache", "cache"), ("Etc", "etc"),
         ("Log", "log")]))
     # the programs the script runs besides its venvs', and a sudo that runs its command as is
-    for name in ("apt-get", "dirname", "id", "mktemp", "rm", "tail", "sleep", "env"):
+    for name in ("apt-get", "dirname", "id", "mktemp", "rm", "tail", "sleep", "env", "flock", "mv", "renice"):
         (tools / name).symlink_to(shutil.which(name))
     (tools / "sudo").write_text('#!/bin/sh\n[ "$1" != -n ] || shift\nexec "$@"\n')
     (tools / "sudo").chmod(0o755)

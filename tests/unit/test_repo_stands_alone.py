@@ -130,7 +130,7 @@ def test_metric_reference_lists_every_catalog_entry_with_its_labels():
 
 
 USER_DOCS = ["README.md", "docs/reference.md", "docs/design.md", "docs/benchmarks.md", "docs/metrics.md",
-             "docs/capacity.md",
+             "docs/capacity.md", "docs/testing.md",
              "docs/advice.md", "deploy/README.md", "grafana/README.md"]
 
 
