@@ -61,6 +61,7 @@ class ForwardRecord(threading.local):
     opened = 0                         # the forward's opening number (OpenForwards.open)
     shape: Features | None = None      # the measured root forward's shape features (memory model)
     features: Features | None = None   # the forward's shape wherever it was read (an OOM's cause cites it)
+    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -360,6 +361,20 @@ class Instrumentation:
                 tokens.append(-1)
                 self._count_error("flight", e)
         return tuple(tokens)
+
+    def _flight_begin(self, tls: ForwardRecord, path: str, args: Any, kwargs: Any) -> None:
+        """The black box: every forward, attributed or not, while in flight, with its shape where the
+        memory model reads one (the attributed forward's state names the deepest layer entered)."""
+        st = tls.state
+        shape = tls.shape if st is not None else (
+            self._shape(args, kwargs) if not path and self.capacity is not None else None)
+        tls.features = shape
+        tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
+
+    def _flight_end(self, tls: ForwardRecord) -> None:
+        if tls.flight is not None:
+            tokens, tls.flight = tls.flight, None
+            self._flight_closed(tokens)
 
     def _flight_closed(self, tokens: tuple[int, ...] | None) -> None:
         if not tokens:

@@ -74,7 +74,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -314,3 +314,13 @@ class ReferenceLedger:
                 parent.peak = max(parent.peak, peak)
             if f.key == key:
                 return
+
+
+def reference_root_peak(model: torch.nn.Module, run: Callable[[], Any]) -> int:
+    """The root call's peak increase by the reference, over one ``run()`` of ``model`` (the library's
+    handle must be paused, or it would be measuring its own forward too)."""
+    with ReferenceLedger(model) as ref, torch.no_grad():
+        run()
+    roots = [c for c in ref.calls if c.path == ""]
+    assert len(roots) == 1, roots
+    return roots[0].peak_increase

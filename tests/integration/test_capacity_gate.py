@@ -8,7 +8,6 @@ The held-out forwards run with the handle paused, measured by the test's own ``R
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 import memprof_otel as mp
 
-from .reference_ledger import ReferenceLedger
+from .reference_ledger import reference_root_peak
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(600)
@@ -37,12 +36,6 @@ def ids(b: int, s: int) -> torch.Tensor:
     return torch.randint(3, VOCAB, (b, s))
 
 
-def reference_root_peak(model: nn.Module, run: Callable[[], Any]) -> int:
-    with ReferenceLedger(model) as ref, torch.no_grad():
-        run()
-    roots = [c for c in ref.calls if c.path == ""]
-    assert len(roots) == 1, roots
-    return roots[0].peak_increase
 
 
 def _cache_kwarg(model: nn.Module) -> str:

@@ -20,7 +20,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.capacity.budget_reader import BudgetReader
 
-from .reference_ledger import ReferenceLedger
+from .reference_ledger import reference_root_peak
 
 transformers = pytest.importorskip("transformers")
 
@@ -48,13 +48,6 @@ def learning(model: nn.Module, **cfg: Any) -> Any:
     return mp.instrument(model, every_n_forwards=1, overhead_budget=1.0, **cfg)
 
 
-def reference_root_peak(model: nn.Module, run: Callable[[], Any]) -> int:
-    """The root call's peak increase by the reference (the library's handle must be paused)."""
-    with ReferenceLedger(model) as ref, torch.no_grad():
-        run()
-    roots = [c for c in ref.calls if c.path == ""]
-    assert len(roots) == 1, roots
-    return roots[0].peak_increase
 
 
 TRAIN = [(b, s) for b in (1, 2, 4, 8) for s in (16, 64, 128, 256, 384)]

@@ -48,7 +48,6 @@ _OPEN = OpenForwards()
 class _ThreadLocal(ForwardRecord):
     sink: ForwardState | None = None   # the forward while layer calls go to it (not a root reading)
     overlapped = False
-    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 class KerasInstrumentation(Instrumentation):
@@ -205,13 +204,9 @@ class KerasInstrumentation(Instrumentation):
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
-        if self._flight:  # the black box: every forward, measured or not, while in flight
+        if self._flight:  # also where the backend gives no figures: a post-mortem names the forward
             try:
-                st = tls.state
-                shape = tls.shape if st is not None else (
-                    self._shape(args, kwargs) if not path and self.capacity is not None else None)
-                tls.features = shape
-                tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
+                self._flight_begin(tls, path, args, kwargs)
             except Exception as e:
                 self._count_error("begin", e)
 
@@ -238,9 +233,7 @@ class KerasInstrumentation(Instrumentation):
         return state
 
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
-        if tls.flight is not None:
-            tokens, tls.flight = tls.flight, None
-            self._flight_closed(tokens)
+        self._flight_end(tls)
         _OPEN.close()
         state = tls.state
         tls.state = tls.sink = None

@@ -63,7 +63,6 @@ class _ThreadLocal(ForwardRecord):
     open_key: int | None = None  # id of the module whose call opened this thread's forward
     mode: LedgerMode | None = None
     busy = False                 # inside our own hook code (a __del__ must not interleave)
-    flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
 
 
 class TorchInstrumentation(Instrumentation):
@@ -240,12 +239,8 @@ class TorchInstrumentation(Instrumentation):
                     tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
                                                             cuda=self.config.cuda.attribution != "trace",
                                                             level=getattr(tls.state, "base_allocated", None))
-            if self._flight:  # the black box: every forward, attributed or not, while in flight
-                st = tls.state
-                shape = tls.shape if st is not None else (
-                    self._shape(args, kwargs) if not path and self.capacity is not None else None)
-                tls.features = shape
-                tls.flight = self._flight_opened(path, shape, st if st is not None and not st.root_only else None)
+            if self._flight:
+                self._flight_begin(tls, path, args, kwargs)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -326,9 +321,7 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
-        if tls.flight is not None:
-            tokens, tls.flight = tls.flight, None
-            self._flight_closed(tokens)
+        self._flight_end(tls)
         _OPEN.close()
         if raised:
             self.forward_errors += 1
