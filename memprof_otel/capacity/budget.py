@@ -126,6 +126,6 @@ class CapacityFigures:
     measured_peak: float | None
     headroom: float | None
     fit_error: float | None
-    max_safe_batch: Mapping[int, int]
+    max_safe_batch: Mapping[int | str, int]
     budget: Budget | None
     unit: str = TENSOR  # what the peaks count (PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)

@@ -272,15 +272,16 @@ class Capacity:
             rows.append({"seq_len": s, "batch": d.pop("value"), **d})
         return rows, None
 
-    def max_safe_batches(self, available: int, device: str = "cpu") -> dict[int, int]:
-        """Sequence length -> the largest batch known to fit (the metric's series): a row's answer,
-        or where it lies past ``capacity.max_extrapolation``, its ``at_least`` (a lower bound, the
-        safe side); rows not known at all are left out."""
-        out = {}
+    def max_safe_batches(self, available: int, device: str = "cpu") -> dict[int | str, int]:
+        """Sequence length (``"any"`` for a model without one, as in ``/v1/headroom``) -> the largest
+        batch known to fit (the metric's series): a row's answer, or where it lies past
+        ``capacity.max_extrapolation``, its ``at_least`` (a lower bound, the safe side); rows not
+        known at all are left out."""
+        out: dict[int | str, int] = {}
         for r in self.table(available, device)[0]:
             n = r["batch"] if r["batch"] is not None else r["at_least"]
-            if r["seq_len"] is not None and n is not None:
-                out[r["seq_len"]] = n
+            if n is not None:
+                out["any" if r["seq_len"] is None else r["seq_len"]] = n
         return out
 
     def max_safe_seq_len(self, available: int, batch: int, device: str = "cpu") -> SafeLimit:

@@ -16,6 +16,9 @@ import pytest
 
 from tests.integration.demo_process import REPO
 
+# the test command may still be building the TensorFlow venv: the tests wait (tests/framework_venvs.py)
+pytestmark = pytest.mark.framework_venv("tf")
+
 TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")
 if not TF_PYTHON:
     pytest.skip("MEMPROF_TEST_TF_PYTHON is not set (the interpreter with tensorflow-cpu that "

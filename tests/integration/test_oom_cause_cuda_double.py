@@ -63,7 +63,7 @@ def learnt(d: ScriptedCudaAllocatorDouble, name: str) -> tuple[Scaled, mp.Instru
     h = mp.instrument(model, name=name, config=PLAIN)
     for b in (1, 2, 4, 8):
         for s in (16, 64, 128):
-            model(torch.zeros(b, s))
+            model(torch.zeros(b, s, dtype=torch.long))
     h.capacity.model.states(force=True)
     d.empty_cache()
     return model, h
@@ -84,7 +84,7 @@ def test_a_request_far_over_the_safe_batch_is_too_big_and_names_the_safe_batch(d
     big = 3 * safe
     assert peak(big, 128) > CAP  # the test's own arithmetic: it cannot fit
     with pytest.raises(torch.OutOfMemoryError):
-        model(torch.zeros(big, 128))
+        model(torch.zeros(big, 128, dtype=torch.long))
     cause = last_cause("big")
     f = cause["figures"]
     assert cause["cause"] == "request_too_big", cause
@@ -123,7 +123,7 @@ def test_a_request_no_free_block_could_take_is_fragmentation(dev):
     assert 40 * MIB < request <= free           # enough free memory, no block that large
     assert h.predict_peak(batch=4, seq_len=128).upper_bytes <= CAP - allocated  # it fits the room
     with pytest.raises(torch.OutOfMemoryError):
-        model(torch.zeros(4, 128))
+        model(torch.zeros(4, 128, dtype=torch.long))
     cause = last_cause("frag")
     f = cause["figures"]
     assert cause["cause"] == "fragmentation", cause
