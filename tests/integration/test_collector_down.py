@@ -53,6 +53,12 @@ def slow_receiver():
     r.close()
 
 
+# A forward that waited on the exporter would wait its export timeout (300 ms here): the bound stays
+# far below that while leaving room for a machine whose cores are all busy (6.2 ms against 2.4 ms
+# was seen at a load of 10 on 2 cores, over a bound of 1.5x + 2 ms).
+BLOCK_BOUND_S = 0.010
+
+
 def config(endpoint: str | None) -> dict:
     otel = {"export_interval": "100ms", "export_timeout": "300ms"}
     if endpoint:
@@ -128,7 +134,7 @@ def assert_counted_and_bounded(errors_before: dict) -> None:
 def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
     before = dict(runtime().counters.export_errors)
     base, down = compare(config(closed_port_url()))
-    assert down <= 1.5 * base + 0.002, f"median forward {down * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
+    assert down <= 2 * base + BLOCK_BOUND_S, f"median forward {down * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
 
 
@@ -136,7 +142,7 @@ def test_dead_collector_keeps_forwards_fast_and_counts_errors(otel_env):
 def test_slow_collector_keeps_forwards_fast_and_counts_errors(otel_env, slow_receiver):
     before = dict(runtime().counters.export_errors)
     base, slow = compare(config(slow_receiver.url))
-    assert slow <= 1.5 * base + 0.002, f"median forward {slow * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
+    assert slow <= 2 * base + BLOCK_BOUND_S, f"median forward {slow * 1e3:.2f} ms vs {base * 1e3:.2f} ms without OTLP"
     assert_counted_and_bounded(before)
 
 
