@@ -86,7 +86,8 @@ def decide(setting: str | int, limit_in_force: bool) -> int | None:
 
 
 _lock = threading.Lock()
-_state = ThresholdState(None, None, "not applied: no instrumented model has started monitoring yet")
+_NOT_YET = ThresholdState(None, None, "not applied: no instrumented model has started monitoring yet")
+_state = _NOT_YET
 
 
 def state() -> ThresholdState:
@@ -162,7 +163,7 @@ def reset_for_tests() -> None:
     """Forget the state (the process's malloc keeps what was applied)."""
     global _state
     with _lock:
-        _state = ThresholdState(None, None, "not applied: no instrumented model has started monitoring yet")
+        _state = _NOT_YET
 
 
 __all__ = ["DEFAULT_BYTES", "MAX_BYTES", "ThresholdState", "apply", "apply_configured", "decide", "from_environment",
