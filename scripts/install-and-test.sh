@@ -65,6 +65,7 @@ build() {  # build NAME: run venv_NAME in the background, its output to $logs/NA
     renice -n 5 -p "$BASHPID" >/dev/null 2>&1 || true
     ( set -euo pipefail; "venv_$name" ) >"$logs/$name.log" 2>&1
     rc=$?
+    echo "install-and-test.sh: .venv-$name built (exit $rc) at ${SECONDS}s" >&2
     echo "$rc" >"$logs/$name.status.part" && mv "$logs/$name.status.part" "$logs/$name.status"
     exit "$rc"
   ) &
@@ -144,6 +145,7 @@ export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
 # otherwise hand out the files with the most tests first): the longest first, so that none is left
 # to run alone at the end, and those that need a side venv last. Options after the script's name
 # come last and win: `-n 0` runs the tests in one process.
+echo "install-and-test.sh: ./.venv ready, the suite starts at ${SECONDS}s" >&2
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
@@ -157,5 +159,6 @@ for entry in "${side_builds[@]}"; do
   fi
 done
 rm -rf "$logs"
+echo "install-and-test.sh: done at ${SECONDS}s" >&2
 [ "$failed" = 0 ] || exit 1
 exit "$rc"

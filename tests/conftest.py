@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -19,6 +20,16 @@ os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 # container limit. The suite keeps glibc's default everywhere; the tests of the setting pass it
 # explicitly, and the OOM cgroup test's child drops this to get the shipped default.
 os.environ.setdefault("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "off")
+
+# One intra-op thread per process: the suite runs on two pytest workers, most of its tests start
+# interpreters of their own, and each of them used every core for its small models' operations —
+# threads that spent more CPU waiting on each other than computing (a GPT-2 test took 88 CPU s
+# on two threads, 37 on one). No figure the suite checks depends on the thread count; a test that
+# needs more threads sets them itself (the OOM cgroup test's child runs on two). The children
+# inherit the variable; torch, if a plugin imported it already, is told directly.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # ---- the order of the files, and the side venvs the test command builds while the suite runs ----
 
