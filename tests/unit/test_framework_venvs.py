@@ -88,7 +88,7 @@ def test_every_listed_file_exists_and_the_files_that_need_a_side_venv_come_last(
     marked = {path: venv for path, venv in marked.items() if venv is not None}
     # the modules that read an interpreter of a side venv are the ones marked, with that venv
     reads = {"MEMPROF_TEST_TF_PYTHON": "tf", "MEMPROF_TEST_JAX_PYTHON": "jax",
-             "MEMPROF_TEST_LITSERVE_PYTHON": "litserve", "MEMPROF_TEST_RAY_PYTHON": "ray"}
+             "MEMPROF_TEST_LITSERVE_PYTHON": "serve", "MEMPROF_TEST_RAY_PYTHON": "serve"}
     for path in (REPO / "tests" / "integration").glob("test_*.py"):
         text = path.read_text(encoding="utf-8")
         used = {venv for var, venv in reads.items() if f'environ.get("{var}")' in text}

