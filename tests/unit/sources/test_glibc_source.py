@@ -94,7 +94,9 @@ def test_real_mallinfo2_sees_a_50mib_allocation_and_its_free() -> None:
     reads = src.reads
     held = src.refresh()["allocated_bytes"]
     assert src.reads == reads + 1
-    assert held - before >= 50 * MiB
+    # mallinfo2 counts the whole process: another thread of the worker (a sampler a previous test
+    # left winding down) may free a little between the two reads (1.3 KiB once, on a loaded machine)
+    assert held - before >= 49 * MiB
     assert src.reading().allocated == held
     del buf
     gc.collect()
