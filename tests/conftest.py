@@ -27,9 +27,10 @@ os.environ.setdefault("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "off")
 # on two threads, 37 on one). No figure the suite checks depends on the thread count; a test that
 # needs more threads sets them itself (the OOM cgroup test's child runs on two). The children
 # inherit the variable; torch, if a plugin imported it already, is told directly.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-if "torch" in sys.modules:
-    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+if "OMP_NUM_THREADS" not in os.environ:  # a value the caller set is theirs, and torch read it already
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 # ---- the order of the files, and the side venvs the test command builds while the suite runs ----
 
