@@ -1,5 +1,8 @@
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -65,3 +68,26 @@ def _framework_venv_built(request: pytest.FixtureRequest) -> None:
     marker = request.node.get_closest_marker(framework_venvs.MARKER)
     if marker is not None and _venv_failures.get(marker.args[0]):
         pytest.fail(_venv_failures[marker.args[0]], pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _temp_dir_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test file gets a temp dir of its own (TMPDIR for the processes it starts, and this
+    process's ``tempfile``), removed after it. The defaults that live there are per host and per
+    service: a process that starts reports, from ``<temp dir>/memprof-otel-blackbox-<service>``, any
+    process of its service that ended without a clean shutdown before it — on a shared temp dir
+    that was another file's process, killed at its teardown, landing in this file's dump folder. A
+    short path under the usual temp dir (Unix socket paths there stay within their 107 bytes)."""
+    tmp_path_factory.getbasetemp()  # pytest's own folder stays where it is (found on first use)
+    saved_env, saved_module = os.environ.get("TMPDIR"), tempfile.tempdir
+    own = tempfile.mkdtemp(prefix="memprof-t-")
+    os.environ["TMPDIR"] = tempfile.tempdir = own
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_module
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(own, ignore_errors=True)
