@@ -216,8 +216,11 @@ def test_a_scrape_reads_no_source(client, monkeypatch):
     rt = runtime()
     wait_until(lambda: rt.sampler.latest() is not None and rt.sampler.latest().process and
                "cpu" in rt.sampler.latest().allocators, what="a full sample")
-    # GIVEN the sampler holds still (its last sample stays the latest) ...
+    # GIVEN the sampler holds still (its last sample stays the latest, and no read of a source it
+    # asked for is still running: on a loaded machine one may end after the stop) ...
+    readers = [w._thread for w in rt.sampler._workers.values()]
     assert rt.sampler.stop(2.0)
+    wait_until(lambda: not any(t.is_alive() for t in readers), what="the sampler's source readers to end")
     last = rt.sampler.latest()
     calls: list[str] = []
 
