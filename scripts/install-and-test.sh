@@ -45,7 +45,7 @@ pip_q=(-m pip install -q --disable-pip-version-check --no-compile)
 # The five venvs are independent, so they are built at the same time (pip spends much of its time
 # waiting on the disk and the index), and the tests start as soon as ./.venv is ready: the four side
 # venvs (TensorFlow, JAX, LitServe, Ray Serve) go on building while the suite runs, and the few test
-# files that need one of them run last and wait for it (tests/framework_venvs.py). Each side build
+# files that need one of them run after the long files and wait for it (tests/framework_venvs.py). Each side build
 # ends by writing its exit status to $MEMPROF_TEST_VENV_BUILDS/NAME.status, its log beside it
 # (NAME.log): a test that needs a venv whose build failed fails with that log's end, and so does the
 # script, after the suite. memprof-otel itself goes into each venv last, one venv at a time (the
@@ -139,8 +139,8 @@ export MEMPROF_TEST_RAY_PYTHON="$PWD/.venv-serve/bin/python"
 # A file's tests run on one worker, in their order, sharing their module fixtures (--dist loadfile),
 # and the files go out in the order tests/conftest.py gives them (--no-loadscope-reorder; xdist would
 # otherwise hand out the files with the most tests first): the longest first, so that none is left
-# to run alone at the end, and those that need a side venv last. Options after the script's name
-# come last and win: `-n 0` runs the tests in one process.
+# to run alone at the end, then those that need a side venv, then the short files. Options after the
+# script's name come last and win: `-n 0` runs the tests in one process.
 echo "install-and-test.sh: ./.venv ready, the suite starts at ${SECONDS}s" >&2
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"

@@ -38,7 +38,7 @@ if "OMP_NUM_THREADS" not in os.environ:  # a value the caller set is theirs, and
 # ---- the order of the files, and the side venvs the test command builds while the suite runs ----
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the longest files first, those that need a side venv last (tests/framework_venvs.py);
+    # the longest files first, then those that need a side venv, then the rest (tests/framework_venvs.py);
     # pytest-xdist hands the files out in this order (--no-loadscope-reorder)
     paths = [item.nodeid.split("::", 1)[0] for item in items]  # the file, relative to the rootdir
     items[:] = [items[i] for i in framework_venvs.file_order(paths)]

@@ -55,7 +55,7 @@ def _tail(log: Path) -> str:
 # The files that take longest, measured (docs/testing.md), in the order they go out to the two
 # workers: a long file handed out last would run alone at the end while the other worker idles.
 # The out-of-memory test first (about two minutes on one worker, its own cgroup), then the other
-# long ones; then every other file, in collection order.
+# long ones; then the files that need a side venv; then every other file, in collection order.
 FIRST = (
     "tests/integration/test_oom_cgroup.py",
     "tests/integration/test_capacity_real_models.py",
@@ -78,10 +78,12 @@ FIRST = (
     "tests/integration/test_otel_final_export.py",
     "tests/integration/test_leaks.py",
 )
-# The files that need a side venv, at the very end, longest first: their venvs get the whole suite's
-# time to build on a busy machine, and the seven of them, between 10 and 90 s each, still end the two
-# workers' queues within about one short file of each other.
-LAST = (
+# The files that need a side venv, right after the long files, longest first: by then (some ten
+# minutes into the suite on two workers) their venvs, built since the suite started, are ready, and
+# the two workers' queues end on the many short files that come after, within seconds of each other.
+# (At the very end, 10 to 90 s each and held in xdist's queues two at a time, they ended one
+# worker's queue 90 s after the other's.)
+SIDE_VENV_FILES = (
     "tests/integration/test_keras_tensorflow_backend.py",
     "tests/integration/test_keras_jax_backend.py",
     "tests/integration/test_ray_serve.py",
@@ -94,9 +96,9 @@ LAST = (
 
 def file_order(relpaths: Sequence[str]) -> list[int]:
     """Indexes of ``relpaths`` (each item's file, relative to the repository, in collection order)
-    in the order to run them: the files of FIRST in its order, the rest as collected, then the files
-    of LAST in its order. A sort key per file, so that a file's items stay together and in their own
-    order."""
-    rank = {path: i for i, path in enumerate(FIRST)}
-    rank.update({path: len(FIRST) + 1 + i for i, path in enumerate(LAST)})
-    return sorted(range(len(relpaths)), key=lambda i: rank.get(relpaths[i], len(FIRST)))
+    in the order to run them: the files of FIRST in its order, then those of SIDE_VENV_FILES in its
+    order, then the rest as collected. A sort key per file, so that a file's items stay together and
+    in their own order."""
+    listed = FIRST + SIDE_VENV_FILES
+    rank = {path: i for i, path in enumerate(listed)}
+    return sorted(range(len(relpaths)), key=lambda i: rank.get(relpaths[i], len(listed)))

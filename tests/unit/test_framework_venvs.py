@@ -61,14 +61,14 @@ def test_a_build_that_never_ends_is_reported_at_the_limit(tmp_path: Path):
     assert now[0] == 60.0
 
 
-def test_the_listed_files_go_first_and_last_in_their_order_and_the_rest_keep_theirs():
-    first, last = fv.FIRST[0], fv.LAST[0]
-    collected = [fv.LAST[1], "tests/unit/a.py", "tests/unit/a.py", fv.FIRST[2], last, "tests/unit/b.py", first,
-                 first]
+def test_the_long_files_then_those_that_need_a_side_venv_go_first_in_their_order_and_the_rest_keep_theirs():
+    first, side = fv.FIRST[0], fv.SIDE_VENV_FILES[0]
+    collected = [fv.SIDE_VENV_FILES[1], "tests/unit/a.py", "tests/unit/a.py", fv.FIRST[2], side, "tests/unit/b.py",
+                 first, first]
     order = fv.file_order(collected)
-    assert [collected[i] for i in order] == [first, first, fv.FIRST[2], "tests/unit/a.py", "tests/unit/a.py",
-                                             "tests/unit/b.py", last, fv.LAST[1]]
-    assert order[:2] == [6, 7] and order[3:5] == [1, 2]  # a file's items keep their own order
+    assert [collected[i] for i in order] == [first, first, fv.FIRST[2], side, fv.SIDE_VENV_FILES[1],
+                                             "tests/unit/a.py", "tests/unit/a.py", "tests/unit/b.py"]
+    assert order[:2] == [6, 7] and order[5:7] == [1, 2]  # a file's items keep their own order
 
 
 def _marked_venv(path: Path) -> str | None:
@@ -80,8 +80,8 @@ def _marked_venv(path: Path) -> str | None:
     return None
 
 
-def test_every_listed_file_exists_and_the_files_that_need_a_side_venv_come_last():
-    listed = fv.FIRST + fv.LAST
+def test_every_listed_file_exists_and_the_files_that_need_a_side_venv_come_after_the_long_ones():
+    listed = fv.FIRST + fv.SIDE_VENV_FILES
     assert all((REPO / path).is_file() for path in listed), [p for p in listed if not (REPO / p).is_file()]
     assert len(set(listed)) == len(listed)
     marked = {path.relative_to(REPO).as_posix(): _marked_venv(path) for path in (REPO / "tests").rglob("test_*.py")}
@@ -94,6 +94,7 @@ def test_every_listed_file_exists_and_the_files_that_need_a_side_venv_come_last(
         used = {venv for var, venv in reads.items() if f'environ.get("{var}")' in text}
         assert used == ({marked[path.relative_to(REPO).as_posix()]} if path.relative_to(REPO).as_posix() in marked
                         else set()), path
-    # they are the files that go out last: their venvs get the whole suite's time to build
-    assert set(marked) == set(fv.LAST)
+    # they are the files that go out right after the long ones: their venvs get the long files' time
+    # to build
+    assert set(marked) == set(fv.SIDE_VENV_FILES)
     assert fv.FIRST[0] == "tests/integration/test_oom_cgroup.py"
