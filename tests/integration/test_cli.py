@@ -389,8 +389,8 @@ def test_dump_that_fails_on_the_server_is_one_line_exit_1(idle: tuple[str, Path]
     line = assert_one_line_error(proc, 1, "failed", "no_forward_in_time", "within 1 s")
     assert re.search(r"dump request job-[0-9a-f]{16} failed", line), line
     assert not out.exists() and proc.stdout == ""
-    # nothing stored (post-mortems aside: a server writes those of processes that ended uncleanly
-    # before it started, other tests' among them, into its dumps folder)
+    # nothing stored (post-mortems aside: a server writes those of processes of its service that
+    # ended uncleanly before it started, this file's earlier ones, into its dumps folder)
     assert not [p for p in idle[1].glob("*.json") if not p.name.endswith(".postmortem.json")]
 
 

@@ -118,8 +118,8 @@ def dump_now(client: httpx.Client) -> dict[str, Any]:
 def dump_files(folder: Path) -> dict[str, bytes]:
     """id -> content of every finished on-demand dump file in ``folder`` (name ``<id>.<kind>.json``).
     Post-mortems and OOM records are left out: they rotate apart (their own quota), and a process
-    that starts writes the post-mortem of any process that ended without a clean shutdown before it
-    (another test's, killed at its teardown on a loaded machine) into its dumps folder."""
+    that starts writes the post-mortem of any process of its service that ended without a clean
+    shutdown before it into its dumps folder."""
     return {name.split(".")[0]: (folder / name).read_bytes()
             for name in os.listdir(folder) if name.endswith(".json") and not name.startswith(".")
             and name.split(".")[1] not in ("postmortem", "oom")}
