@@ -91,3 +91,18 @@ def _temp_dir_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         else:
             os.environ["TMPDIR"] = saved_env
         shutil.rmtree(own, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_runtime_left_running() -> Iterator[None]:
+    """A test that instruments a model starts the process runtime, whose sampler reads the
+    process-wide sources every second until shut down. Left running, it outlives its test on that
+    worker: it costs CPU through the rest of the run, and its reads land in later tests that
+    replace those sources (one saw a scrape "read" a source the stopped sampler never asked for).
+    The integration tests shut theirs down themselves; any other test's is shut down here."""
+    yield
+    module = sys.modules.get("memprof_otel.runtime")  # never imported here for a test that did not
+    rt = getattr(module, "_runtime", None)
+    if rt is not None and rt.running:
+        rt.shutdown(2.0)
+        module._runtime = None

@@ -17,7 +17,12 @@ from .helpers import JSON_HEADERS
 
 
 def _fresh_runtime() -> None:
-    # the singleton replaced, not cleared field by field: a field added later starts fresh too
+    # the singleton replaced, not cleared field by field: a field added later starts fresh too.
+    # One still running (a module fixture's) is shut down first: its sampler would read the shared
+    # sources through every later test
+    old = runtime_module._runtime
+    if old is not None and old.running:
+        old.shutdown(2.0)
     runtime_module._runtime = runtime_module.Runtime()
 
 
