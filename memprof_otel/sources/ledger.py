@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 # private torch names, feature-detected (a torch without them degrades instead of failing import)
-from .torch_compat import TorchDispatchMode, dynamo_disable as _dynamo_disable
+from .torch_compat import DynamoDisabled, TorchDispatchMode
 from .torch_compat import eval_frame_callback as _eval_frame_callback, skip_code as _skip_code
 from .base import Reading
 from .survivors import SurvivorTable
@@ -423,5 +423,5 @@ class LedgerMode(TorchDispatchMode):
         return _dispatch_untraced(self, func, args, kwargs)
 
 
-_dispatch_untraced = _dynamo_disable(_dispatch, recursive=True)
+_dispatch_untraced = DynamoDisabled(_dispatch)
 _skip_code(LedgerMode.__torch_dispatch__.__code__)

@@ -9,9 +9,10 @@ is looked up here, and a missing one turns into a documented degradation with a 
   ledger behind CPU per-layer attribution and a capture's per-op view. Missing: per-layer
   attribution on CPU is off (``memprof_source_up{source="ledger"} 0`` with the reason);
   root-level figures, the sampler and CUDA attribution still run.
-* ``torch._dynamo`` bits (``skip_code``, the eval-frame callback getter, ``OptimizedModule``) —
-  only needed to stay out of Dynamo's way under ``torch.compile``. Missing: no-op stand-ins (with
-  no Dynamo there is no frame callback to stay out of the way of).
+* ``torch._dynamo`` bits (``skip_code``, the eval-frame callback getter, ``OptimizedModule``,
+  ``disable``) — only needed to stay out of Dynamo's way under ``torch.compile``, and taken without
+  importing Dynamo (see below). Missing: no-op stand-ins (with no Dynamo there is no frame callback
+  to stay out of the way of).
 * ``torch._C._cuda_memoryStats`` / ``_cuda_resetPeakMemoryStats`` — see ``sources/cuda.py``
   (falls back to ``torch.cuda.memory_stats`` / ``reset_peak_memory_stats``).
 * ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` — see ``sources/cuda_history.py``
@@ -20,7 +21,9 @@ is looked up here, and a missing one turns into a documented degradation with a 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
+import sys
 from typing import Any, Callable
 
 import torch
@@ -75,28 +78,85 @@ def ledger_reason() -> str | None:
 
 
 # ---- Dynamo ----------------------------------------------------------------------------------
+# Importing torch._dynamo costs about 2 CPU s. An application that never calls torch.compile never
+# loads it, and nothing here needs it before then: with no Dynamo loaded there is no compiled model
+# and no frame callback to stay out of the way of. So what we need is taken from torch's C module
+# (loaded with torch) where it can be, and the rest from Dynamo once the application has loaded it.
 
-def _load_dynamo() -> tuple[Callable[[], Any], Callable[[Any], None], type, Callable[[Any], Any]]:
+def _c_skip_code() -> tuple[Callable[[], Any], Callable[[Any], None]] | None:
+    """The eval-frame callback getter and ``skip_code`` from torch's C module: what
+    ``torch._dynamo.eval_frame.skip_code`` does (skip this frame, not its callees), without
+    importing Dynamo. None in a torch without them (older ones; Dynamo is then imported)."""
     try:
-        dynamo = importlib.import_module("torch._dynamo")  # the first dispatch mode imports it anyway
+        # why: torch internals that may be missing in some torch; probed once, at import
+        from torch._C._dynamo.eval_frame import (_FrameAction, _FrameExecStrategy, get_eval_frame_callback,
+                                                 set_code_exec_strategy)
+        strategy = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT)
+    except Exception:
+        return None
+
+    def skip(code: Any) -> None:
+        set_code_exec_strategy(code, strategy)
+
+    return get_eval_frame_callback, skip
+
+
+def _load_dynamo() -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    try:
+        present = importlib.util.find_spec("torch._dynamo") is not None
+    except (ImportError, ValueError):  # a parent that is not a package, or a module without a spec
+        present = False
+    found = _c_skip_code() if present else None
+    if found is not None:
+        return found
+    try:
+        if not present:
+            raise ImportError("torch._dynamo not found")
+        importlib.import_module("torch._dynamo")  # an older torch: its Python API, loaded now
         # why: torch internals that may be missing or broken in some torch; probed once, at import
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
-        from torch._dynamo.eval_frame import OptimizedModule, skip_code
-        disable = dynamo.disable
+        from torch._dynamo.eval_frame import skip_code
     except Exception as e:  # ImportError, or a half-present Dynamo raising on import
         _note("dynamo", f"this torch ({torch.__version__}) has no usable torch._dynamo ({type(e).__name__})")
-
-        class _NoOptimizedModule:  # nothing is an instance: no compiled models without Dynamo
-            pass
-
-        def _no_disable(fn: Any = None, recursive: bool = True) -> Any:
-            return fn
-
-        return (lambda: None), (lambda code: None), _NoOptimizedModule, _no_disable
-    return get_eval_frame_callback, skip_code, OptimizedModule, disable
+        return (lambda: None), (lambda code: None)
+    return get_eval_frame_callback, skip_code
 
 
-eval_frame_callback, skip_code, OptimizedModule, dynamo_disable = _load_dynamo()
+eval_frame_callback, skip_code = _load_dynamo()
+
+
+def is_optimized_module(obj: object) -> bool:
+    """A ``torch.compile``d module (``OptimizedModule``): there is none before Dynamo is loaded."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return isinstance(optimized, type) and isinstance(obj, optimized)
+
+
+class DynamoDisabled:
+    """``torch._dynamo.disable(fn)``, made on the first call: it is only called under a Dynamo
+    frame callback, so Dynamo is loaded by then. Its own frame is skipped (below), so Dynamo does
+    not trace the call on its way to the disabled function."""
+
+    __slots__ = ("fn", "_disabled")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._disabled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        disabled = self._disabled
+        if disabled is None:
+            if "dynamo" in _missing:
+                disabled = self.fn
+            else:
+                import torch._dynamo  # already loaded: a frame callback is set only by Dynamo
+
+                disabled = torch._dynamo.disable(self.fn, recursive=True)
+            self._disabled = disabled
+        return disabled(*args, **kwargs)
+
+
+skip_code(DynamoDisabled.__call__.__code__)
 
 
 def _load_is_compiling() -> Callable[[], bool]:
@@ -118,15 +178,3 @@ def _load_is_compiling() -> Callable[[], bool]:
 
 
 is_compiling = _load_is_compiling()
-
-
-def compiler_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``torch.compiler.disable(fn)`` where it exists, else ``fn`` itself."""
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    if "dynamo" in _missing or not callable(disable):
-        return fn
-    try:
-        return disable(fn)
-    except Exception as e:
-        _note("compiler_disable", f"torch.compiler.disable failed: {type(e).__name__}: {e}")
-        return fn

@@ -197,6 +197,48 @@ def test_nothing_is_reported_missing_with_the_tested_torch():
     assert r.stdout.strip() == "{}"
 
 
+def test_dynamo_is_loaded_by_the_application_never_by_memprof():
+    """Importing torch._dynamo costs about 2 CPU s, paid by every process that instruments a model
+    if we loaded it. An eager application never does: instrumenting and attributing forwards leave
+    it unloaded. Once the application compiles (which loads it), a user-defined module instrumented
+    before Dynamo existed runs its hooks as top-level frames under Dynamo's callback: they must
+    stay out of the trace (no graph break, one graph) and keep counting forwards at the root."""
+    r = _run("""
+    import sys
+    import torch
+    import memprof_otel as mp
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    m, x = Net(), torch.randn(4, 8)
+    h = mp.instrument(m, name="net", every_n_forwards=1, overhead_budget=1.0)
+    ref = m(x)
+    print("eager_layers", sorted(h.layer_stats()))
+    print("dynamo_after_eager", "torch._dynamo" in sys.modules)
+    compiled = torch.compile(m, backend="eager", dynamic=False)
+    from torch._dynamo.utils import counters
+    for _ in range(3):
+        assert torch.allclose(compiled(x), ref)
+    print("graph_breaks", sum(counters["graph_break"].values()))
+    print("graphs", counters["stats"]["unique_graphs"])
+    print("root_calls", h.layer_stats()[""].calls)
+    h.uninstrument()
+    mp.shutdown()
+    """)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert out["eager_layers"] == "['', 'a', 'b']"
+    assert out["dynamo_after_eager"] == "False"
+    assert out["graph_breaks"] == "0" and out["graphs"] == "1"
+    assert out["root_calls"] == "4"  # the eager forward and the three compiled ones
+
+
 def _flat(nested: dict, prefix: str = "") -> dict:
     # torch.cuda.memory_stats: the nested dict flattened with "." and sorted (torch/cuda/memory.py)
     out = {}

@@ -21,7 +21,8 @@ from . import held, hooks
 from ...sources import torch_compat as _torch_compat
 from ..._callouts import calls_application
 from ..._log import rate_limited
-from ...sources.torch_compat import OptimizedModule as _OptimizedModule, eval_frame_callback as _eval_frame_callback
+from ...sources.torch_compat import DynamoDisabled, eval_frame_callback as _eval_frame_callback
+from ...sources.torch_compat import is_optimized_module as _is_optimized_module
 from ...sources.torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
 from ...sources.torch_compat import skip_code as _skip_code
 from ...capacity.shapes import ShapeOf
@@ -75,7 +76,7 @@ class TorchInstrumentation(Instrumentation):
         self._root_key = id(model)
         acfg = config.attribution
         # torch.compile(m) wraps m: layer paths are m's own (no "_orig_mod." prefix)
-        tree = model._orig_mod if isinstance(model, _OptimizedModule) else model
+        tree = model._orig_mod if _is_optimized_module(model) else model
         self._paths: dict[int, str] = tracked_layers(dict(_layer_paths(tree)), name, acfg)
         self._paths[id(model)] = ""
         # label -> module id for the modules a forward may open on (ownership check of hooks)
@@ -124,7 +125,7 @@ class TorchInstrumentation(Instrumentation):
         its fused fast path).
         """
         points: dict[int, tuple[str, nn.Module]] = {id(model): ("", model)}
-        if isinstance(model, _OptimizedModule):
+        if _is_optimized_module(model):
             return list(points.values())  # its forwards are compiled: root-level figures only
         candidates = _children(model)
         for getter in ("get_encoder", "get_decoder"):
@@ -230,7 +231,7 @@ class TorchInstrumentation(Instrumentation):
             if kwargs and not path:
                 self._note_cache(kwargs)
             if hooks.active_sink() is None:
-                compiled = (under_dynamo or isinstance(module, _OptimizedModule)
+                compiled = (under_dynamo or _is_optimized_module(module)
                             or getattr(module, "_compiled_call_impl", None) is not None)
                 self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
                 if tls.state is not None and tls.shape:
@@ -630,7 +631,7 @@ def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, und
     return None
 
 
-_hook_body_untraced = _torch_compat.compiler_disable(_hook_body)
+_hook_body_untraced = DynamoDisabled(_hook_body)
 _skip_code(_RootHook.__call__.__code__)
 
 
