@@ -87,6 +87,10 @@ def memprof_config(host: str, port: int, snapshot_dir: str, dumps_dir: str) -> m
 
 
 def _exit_on_sigterm(*_: Any) -> None:
+    # once: LitServe may signal a worker again while it is already exiting (its shutdown runs a
+    # second time when it sees a worker gone), and a second SystemExit would break off the
+    # runtime's atexit shutdown halfway
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)
 
 
@@ -176,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     master = os.getpid()
 
     def on_sigterm(*_: Any) -> None:  # LitServe stops its workers on KeyboardInterrupt only
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second would break off the shutdown
         if os.getpid() == master:
             raise KeyboardInterrupt
         raise SystemExit(0)  # an API server LitServe forked (it inherits this handler): done, quietly
