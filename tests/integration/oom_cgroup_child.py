@@ -64,8 +64,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for _ in range(2):  # mixed traffic: batch 1-8, seq_len 64-512; each shape twice
-            for s in (64, 128, 256, 512):
-                for b in (1, 2, 4, 8):
+            for s in (64, 128, 256, 384, 512):
+                for b in (1, 2, 4, 6, 8):
                     model(torch.randint(0, VOCAB, (b, s), generator=gen))
         h.capacity.kernel.states(force=True)
         h.capacity.model.states(force=True)

@@ -24,7 +24,7 @@ import pytest
 from tests.cgroup_truth import memory_dir, oom_kills
 
 MIB = 1 << 20
-LIMITS_MIB = (700, 850, 1000)  # safe batches of about 40-60 at seq_len 512: each forward takes seconds
+LIMITS_MIB = (700, 850, 1000)  # the safe batches stay small (~15-35): each forward is quick
 CHILD = Path(__file__).with_name("oom_cgroup_child.py")
 MAX_RATIO = 1.25
 
