@@ -1,6 +1,6 @@
 """The capacity model against the real judge: the kernel's OOM killer in a memory cgroup.
 
-For several limits, a child (``oom_cgroup_child.py``) runs mixed traffic through a BERT-shaped
+For two limits, a child (``oom_cgroup_child.py``) runs mixed traffic through a BERT-shaped
 encoder of its own inside a fresh memory cgroup, asks the largest safe batch at sequence length 512,
 runs it, then runs 1.25x that batch (rounded down). The batch called safe must survive every time,
 and the kernel must kill the larger one: the kill point is at most 1.25x past the safe batch (safe,
@@ -24,7 +24,7 @@ import pytest
 from tests.cgroup_truth import memory_dir, oom_kills
 
 MIB = 1 << 20
-LIMITS_MIB = (700, 850, 1000)  # the safe batches stay small (~15-35): each forward is quick
+LIMITS_MIB = (700, 1000)  # safe batches of about 40 and 60 at seq_len 512: each forward takes seconds
 CHILD = Path(__file__).with_name("oom_cgroup_child.py")
 MAX_RATIO = 1.25
 
