@@ -383,9 +383,14 @@ class CapacityConfig:
                              "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
-    mmap_threshold: str | int = _f("auto", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
+    mmap_threshold: str | int = _f("off", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
                                    "a forward's resident memory follows its tensors (auto: 1MiB where a memory "
-                                   "limit is in force; off: keep glibc's dynamic threshold)")
+                                   "limit is in force; off: keep glibc's dynamic threshold). Process-wide: it "
+                                   "costs page faults on every forward, so it is never set unless asked for")
+    learning_budget: float = _f(0.01, _float(0.0, 1.0), "share of forward time that attributing forwards of "
+                                "shapes the memory model has not measured may take, beyond "
+                                "attribution.overhead_budget (the first 16 are attributed whatever it says; "
+                                "0: only the budget's own picks teach it)")
     max_extrapolation: float = _f(8.0, _float(1.0, 1e6), "how far outside the shapes seen (the requested "
                                   "size over the largest seen, features multiplied) a max-safe-batch row may lie; "
                                   "past it the row is not known")

@@ -103,6 +103,10 @@ METRICS: tuple[MetricDef, ...] = (
               "Largest batch predicted to fit now at this sequence length (0: not even one); past "
               "capacity.max_extrapolation times the shapes seen, the largest batch within it (known to fit)",
               ("model", "device", "seq_len")),
+    MetricDef("memprof_capacity_model_ready", "memprof.capacity.model_ready", "", "gauge",
+              "1 while the memory model answers (a fit whose error was measured on shapes left out, and a "
+              "limit known); 0 while it cannot, when fits() returns the caller's unknown= for every shape",
+              ("model", "device")),
     MetricDef("memprof_capacity_fit_error_ratio", "memprof.capacity.fit_error", "1", "gauge",
               "Worst relative error of the memory model on shapes it was not fitted on (leave-one-shape-out)",
               ("model", "device")),

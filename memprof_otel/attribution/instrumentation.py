@@ -84,7 +84,9 @@ class Instrumentation:
         self.name = name
         self.config = config
         acfg = config.attribution
-        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled)
+        ccfg = config.capacity
+        self.scheduler = AttributionScheduler(acfg.every_n_forwards, acfg.overhead_budget, acfg.enabled,
+                                              ccfg.learning_budget if ccfg.enabled else 0.0)
         self._stats = LayerAccumulator()
         # storages born in attributed forwards and still alive, per birth layer (leak detection)
         self.survivors: SurvivorTable | None = (SurvivorTable(config.leaks.max_tracked_storages)
@@ -456,18 +458,29 @@ class Instrumentation:
         """The per-forward policy, the same on every framework: a waiting capture claims the forward,
         else the scheduler may pick it for attribution (``_begin_attributed``, which leaves
         ``tls.state`` set when it measures); a model forward left plain is read at its root only for
-        the memory model (``_begin_root_reading``, ``capacity.root_readings``); a measured model
+        the memory model (``_begin_root_reading``, ``capacity.root_readings``); a model forward of a
+        shape the memory model has not measured may be attributed beyond the budget
+        (``capacity.learning_budget``, ``AttributionScheduler.may_learn``); a measured model
         forward's shape is read for the memory model (a layer's own shapes are not the model's).
         ``opener``: what the adapter knows the opening call by (torch's module, Keras' layer id)."""
         cap = self._capture
+        tls.shape = None
+        shape_read = False
         if cap is not None and cap.claim():
             self._begin_attributed(opener, path, t, cap, compiled)
         elif self.scheduler.should_attribute():
             self._begin_attributed(opener, path, t, None, compiled)
-        tls.shape = None
+        elif not path and self.capacity is not None and self.scheduler.may_learn():
+            # a shape the memory model has not measured is worth an attributed forward
+            # (scheduler.may_learn): the shape is read now, once, for the decision and the model
+            tls.shape, shape_read = self._shape(args, kwargs), True
+            if tls.shape and self.capacity.is_new(tls.shape):
+                self._begin_attributed(opener, path, t, None, compiled)
+                if tls.state is not None:
+                    self.scheduler.learning()
         if tls.state is None and not path and self.capacity is not None and self.config.capacity.root_readings:
             self._begin_root_reading(opener, t)
-        if tls.state is not None and not path and self.capacity is not None:
+        if tls.state is not None and not path and self.capacity is not None and not shape_read:
             tls.shape = self._shape(args, kwargs)
         tls.features = tls.shape
 

@@ -129,3 +129,4 @@ class CapacityFigures:
     max_safe_batch: Mapping[int | str, int]
     budget: Budget | None
     unit: str = TENSOR  # what the peaks count (PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)
+    ready: bool = False  # the model answers: a fit with its error measured, and a limit known

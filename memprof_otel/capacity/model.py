@@ -140,6 +140,10 @@ class Prediction:
     gap_bytes: int | None = None    # the same allowance in bytes (CUDA: the reserved growth seen above allocated)
     extrapolation_factor: float = 1.0  # the product of ``extrapolation``'s factors; 1.0 inside the shapes seen
     regime: str | None = None       # the fit that answered (``model_fit.regimes``)
+    # the fit's own figure in the limit's units, without its error: where ``upper_bytes`` is None
+    # because the shape lies past capacity.max_extrapolation, a forward whose estimate alone is
+    # over what is available is known not to fit (the fit never falls as a feature grows)
+    estimate_bytes: int | None = None
 
     @property
     def peak_bytes(self) -> int | None:
@@ -156,7 +160,7 @@ class Prediction:
                 "extrapolation_factor": _finite_or_none(self.extrapolation_factor),
                 "data_dependent": self.data_dependent, "shapes": self.shapes, "reason": self.reason,
                 "repeat_ratio": self.repeat_ratio, "unit": self.unit, "gap_ratio": self.gap_ratio,
-                "gap_bytes": self.gap_bytes, "regime": self.regime}
+                "gap_bytes": self.gap_bytes, "regime": self.regime, "estimate_bytes": self.estimate_bytes}
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -251,6 +255,10 @@ class MemoryModel:
         self._names: frozenset[str] = frozenset()  # every name a kept call gave (implied ones included)
 
     # ---- writing ---------------------------------------------------------------------------
+    def has(self, features: Mapping[str, int]) -> bool:
+        """Is this shape among those kept? (A dict lookup: asked before a forward.)"""
+        return key_of(canonical(features)) in self._shapes
+
     def observe(self, features: Mapping[str, int], peak_increase: int, retained: int) -> None:
         if not features:
             return

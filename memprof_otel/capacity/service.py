@@ -77,6 +77,11 @@ class Capacity:
             return default_shape_of(args, kwargs) or None
         return checked(_call_shape_of(self._shape_of, args, kwargs)) or None
 
+    def is_new(self, features: Features) -> bool:
+        """Has no forward of this shape been measured yet (in tensor bytes)? Such a forward teaches
+        the model more than any repeat (``capacity.learning_budget``)."""
+        return not self.model.has(features)
+
     def observe(self, features: Features, peak_increase: int, retained: int, kernel: Any = None) -> None:
         """One measured forward: its tensor figures and, where read, ``kernel``: the same forward in
         its limit's units (``unit``, ``peak_increase``, ``retained``)."""
@@ -195,28 +200,55 @@ class Capacity:
         return feats
 
     def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
+        """The answer for one shape, in the limit's units. Past ``capacity.max_extrapolation`` it is
+        not known, as in the max-safe-batch table: ``upper_bytes`` None and ``reason`` say so, and
+        ``estimate_bytes`` keeps the fit's own figure (a gate can still refuse what that alone
+        exceeds: ``verdict``)."""
         feats = self.question(features)
         a = self.answering(regime_of(canonical(feats)), device)
         p = a.model.predict(feats)
-        # never below the tensor figure's own upper bound: pages the heap kept may be reused (the
-        # credit), but the forward's tensors are a floor the kernel counts whatever the heap held
-        upper = (max(p.upper_bytes, int(math.ceil(p.upper_bytes * a.scale + a.extra)))
-                 if p.upper_bytes is not None else None)
+
+        def in_limit_units(b: int) -> int:
+            # never below the tensor figure: pages the heap kept may be reused (the credit), but the
+            # forward's tensors are a floor the kernel counts whatever the heap held
+            return max(b, int(math.ceil(b * a.scale + a.extra)))
+
+        upper = in_limit_units(p.upper_bytes) if p.upper_bytes is not None else None
+        estimate = in_limit_units(p.peak_increase_bytes) if p.peak_increase_bytes is not None else None
+        reason = p.reason
+        limit = self.config.max_extrapolation
+        if upper is not None and p.extrapolation_factor > limit:
+            upper, reason = None, (f"{p.extrapolation_factor:g}x outside the shapes seen, more than "
+                                   f"capacity.max_extrapolation ({limit:g}x): not known")
         return dataclasses.replace(p, unit=a.unit, upper_bytes=upper, gap_ratio=a.scale if a.scale > 1.0 else None,
-                                   gap_bytes=int(a.extra) if a.extra > 0 else None)
+                                   gap_bytes=int(a.extra) if a.extra > 0 else None, reason=reason,
+                                   estimate_bytes=estimate)
+
+    @staticmethod
+    def verdict(p: Prediction, available_bytes: int) -> bool | None:
+        """Does the prediction fit in ``available_bytes``: True, False, or None (not known). Its
+        upper bound decides; where there is none because the shape lies past
+        ``capacity.max_extrapolation``, the fit's own estimate over what is available is a no (the fit
+        is non-decreasing in every feature, and the error only adds), anything else is not known."""
+        if p.upper_bytes is not None:
+            return p.upper_bytes <= available_bytes
+        if p.estimate_bytes is not None and p.estimate_bytes > available_bytes:
+            return False
+        return None
 
     def fits(self, device: str, features: Mapping[str, int], unknown: bool = True) -> bool:
         """Would a forward of this shape fit now? The prediction plus its error against what the
-        device has available; ``unknown`` when the model or the limit cannot answer yet. A feature
-        the model never saw, or one it needs and was not given, is a ShapeError, never ``unknown``:
-        a gate with a typo must fail at its first request, not stay open."""
+        device has available; ``unknown`` when the model or the limit cannot tell: too few shapes,
+        no limit, or a shape past ``capacity.max_extrapolation`` whose estimate alone would fit
+        (the table's "not known"). A feature the model never saw, or one it needs and was not
+        given, is a ShapeError, never ``unknown``: a gate with a typo must fail at its first
+        request, not stay open."""
         p = self.predict(features, device)
-        if p.upper_bytes is None:
-            return unknown
         budget, _ = self.budgets.read(device)
         if budget is None:
             return unknown
-        return p.upper_bytes <= budget.available_bytes
+        v = self.verdict(p, budget.available_bytes)
+        return unknown if v is None else v
 
     def table_state(self, model: MemoryModel | None = None) -> tuple[FitState | None, str | None]:
         """The fit the max-safe-batch table is read from: the prompts of the kind of call with a
@@ -324,7 +356,9 @@ class Capacity:
                 if budget is not None and p.upper_bytes is not None:
                     headroom = float(budget.available_bytes - p.upper_bytes)
         table = self.max_safe_batches(budget.available_bytes, device) if budget is not None else {}
-        return CapacityFigures(device, predicted, measured, headroom, model.error_ratio, table, budget, unit)
+        ready = budget is not None and any(st.fit is not None and st.reason is None and st.error_ratio is not None
+                                           for st in model.states().values())
+        return CapacityFigures(device, predicted, measured, headroom, model.error_ratio, table, budget, unit, ready)
 
     def answer(self, device: str, features: Mapping[str, int] | None) -> dict[str, Any]:
         """The model's document in ``/v1/headroom`` (``features`` None: the table), the same from
@@ -351,9 +385,10 @@ class Capacity:
             p = self.predict(features, device)
             doc["prediction"] = p.to_dict()
             fits = None
-            if p.upper_bytes is not None and budget is not None:
-                fits = p.upper_bytes <= budget.available_bytes
-                doc["headroom_bytes"] = budget.available_bytes - p.upper_bytes
+            if budget is not None:
+                fits = self.verdict(p, budget.available_bytes)
+                if p.upper_bytes is not None:
+                    doc["headroom_bytes"] = budget.available_bytes - p.upper_bytes
             doc["fits"] = fits
             return doc
         if budget is not None:

@@ -199,6 +199,7 @@ def _capacity(add: Any, layers: Iterable[LayerView]) -> None:
                             ("memprof_capacity_fit_error_ratio", c.fit_error)):
             if value is not None:
                 add(name, lab, value)
+        add("memprof_capacity_model_ready", lab, 1 if c.ready else 0)  # always: 0 is the alertable state
         for seq_len, n in sorted(c.max_safe_batch.items()):
             add("memprof_capacity_max_safe_batch", {**lab, "seq_len": str(seq_len)}, n)
         if c.budget is not None:  # one per device, however many models run on it

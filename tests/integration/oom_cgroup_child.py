@@ -1,14 +1,21 @@
 """Child of test_oom_cgroup.py, run inside a memory cgroup the test made: a small BERT-shaped
 encoder of its own (4 layers, 256 wide, 4 heads, eager attention: the scores are materialised),
-every forward attributed, mixed traffic; then the batch the capacity model calls safe at the long
-sequence length, then the batches named on the command line (``1.25x``: that share of the safe
-batch, rounded down), which the parent expects the kernel to kill. Each line on stdout is one JSON
-record, flushed, so the parent knows how far it got."""
+mixed traffic (25 shapes, batch 1-8 x seq_len 64-512, each pass in a new random order) until the
+capacity model names a safe batch at the long sequence length (at least one whole pass, at most
+LEARN_S seconds); then that batch, then the batches named on the command line (``1.25x``: that
+share of the safe batch, rounded down), which the parent expects the kernel to kill.
+
+The first argument is the configuration: ``defaults`` (``instrument(model)`` as shipped: the
+overhead budget, glibc's own malloc policy) or ``threshold`` (the opt-in ``capacity.mmap_threshold:
+auto``, every forward attributed). Each line on stdout is one JSON record, flushed, so the parent
+knows how far it got."""
 from __future__ import annotations
 
 import json
 import math
+import random
 import sys
+import time
 
 import torch
 from torch import nn
@@ -17,6 +24,10 @@ import memprof_otel as mp
 
 WIDTH, HEADS, LAYERS, FFN, VOCAB = 256, 4, 4, 1024, 1000
 LONG = 512
+LEARN_S = 120.0  # the issue's bound: an answer within two minutes of mixed traffic
+CONFIGS = {"defaults": {},
+           "threshold": {"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0},
+                         "capacity": {"mmap_threshold": "auto", "max_extrapolation": 16}}}
 
 
 class Block(nn.Module):
@@ -59,27 +70,35 @@ def say(**kw: object) -> None:
 def main() -> None:
     torch.manual_seed(0)
     model = Encoder().eval()
-    h = mp.instrument(model, name="encoder", config={"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0},
-                                                      "capacity": {"max_extrapolation": 16}})
+    h = mp.instrument(model, name="encoder", config=CONFIGS[sys.argv[1]])
     gen = torch.Generator().manual_seed(1)
+    order = random.Random(2)
+    shapes = [(b, s) for s in (64, 128, 256, 384, 512) for b in (1, 2, 4, 6, 8)]
+    started, forwards, safe = time.monotonic(), 0, None
     with torch.no_grad():
-        for _ in range(2):  # mixed traffic: batch 1-8, seq_len 64-512; each shape twice
-            for s in (64, 128, 256, 384, 512):
-                for b in (1, 2, 4, 6, 8):
-                    model(torch.randint(0, VOCAB, (b, s), generator=gen))
-        h.capacity.kernel.states(force=True)
-        h.capacity.model.states(force=True)
+        while safe is None and time.monotonic() - started < LEARN_S:
+            order.shuffle(shapes)
+            for b, s in shapes:
+                model(torch.randint(0, VOCAB, (b, s), generator=gen))
+                forwards += 1
+            h.capacity.kernel.states(force=True)
+            h.capacity.model.states(force=True)
+            safe = h.headroom()["max_safe_batch"].get(str(LONG))
+        learnt_s = time.monotonic() - started
         doc = h.headroom()
-        safe = doc["max_safe_batch"].get(str(LONG))
+        st = h.status()
         say(phase="asked", safe=safe, unit=doc["unit"], unit_note=doc["unit_note"], budget=doc["budget"], heap=doc["heap"],
-            gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], credit=doc["reuse_credit_bytes"], error_ratio=doc["model_fit"]["error_ratio"],
-            repeat_ratio=doc["model_fit"]["regimes"]["prefill"]["repeat_ratio"],
+            gap_ratio=doc["gap_ratio"], gap_bytes=doc["gap_bytes"], credit=doc["reuse_credit_bytes"],
+            error_ratio=doc["model_fit"]["error_ratio"], learnt_s=round(learnt_s, 1), forwards=forwards,
+            attributed=st["attributed_forwards"], shapes=len(doc["shapes"]),
+            row=next((r for r in doc.get("max_safe_batch_rows", []) if r["seq_len"] == LONG), None),
+            fits_far=h.fits(batch=400, seq_len=LONG),
             predicted=h.predict_peak(batch=safe, seq_len=LONG).to_dict() if safe else None)
         if not safe:
             return
         model(torch.randint(0, VOCAB, (safe, LONG), generator=gen))
         say(phase="ran", batch=safe)
-        for arg in sys.argv[1:]:
+        for arg in sys.argv[2:]:
             b = int(safe * float(arg[:-1])) if arg.endswith("x") else int(arg)
             say(phase="trying", batch=b)
             model(torch.randint(0, VOCAB, (b, LONG), generator=gen))

@@ -88,3 +88,66 @@ def test_a_cold_first_forward_does_not_keep_attribution_off_for_minutes():
     st = s.state()
     assert st.first_attributed_s == pytest.approx(0.012, rel=0.05)
     assert st.attribution_seconds == pytest.approx(0.012 + n * 0.000004, rel=0.05)
+
+
+def _drive(s: AttributionScheduler, forwards: int, novel: "callable") -> tuple[int, int]:
+    """Plain forwards take 10 ms, attributed ones 13 ms; ``novel(i)``: forward i's shape is new.
+    Returns (attributed, attributed through may_learn)."""
+    attributed = learned = 0
+    for i in range(forwards):
+        a = s.should_attribute()
+        if not a and novel(i) and s.may_learn():
+            s.learning()
+            a = True
+            learned += 1
+        s.record(0.013 if a else 0.010, a, 0.0)
+        attributed += a
+    return attributed, learned
+
+
+def test_new_shapes_are_attributed_beyond_the_budget_at_first():
+    """16 cycling shapes, each new on its first pass: at 0.2 % the budget's own picks would find a
+    few; the first 16 new shapes are attributed whatever the budget says."""
+    s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01)
+    seen: set[int] = set()
+
+    def novel(i: int) -> bool:
+        new = i % 16 not in seen
+        seen.add(i % 16)
+        return new
+
+    attributed, learned = _drive(s, 16, novel)
+    assert learned == 15 and attributed == 16  # the first forward is the budget's own pick
+    assert s.state().learned == 15
+
+
+def test_learning_is_charged_to_the_budget_so_repeats_cost_the_budget_alone():
+    """After the first shapes, traffic that repeats them: the learning's cost is paid back before the
+    budget picks again, so over the run attribution costs the budget's share, not more."""
+    s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01)
+    attributed, learned = _drive(s, 20_000, lambda i: i < 16)
+    st = s.state()
+    assert learned == 15
+    assert st.attribution_seconds <= 0.002 * st.forward_seconds + 0.003
+
+
+def test_endless_new_shapes_cost_at_most_the_learning_budget():
+    s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01)
+    attributed, learned = _drive(s, 20_000, lambda i: True)
+    st = s.state()
+    assert learned > 16  # past the first 16, the learning budget still lets new shapes in
+    assert 0.008 * st.forward_seconds <= st.attribution_seconds <= 0.01 * st.forward_seconds + 0.003
+
+
+def test_no_learning_budget_means_only_the_budget_picks():
+    s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.0)
+    assert _drive(s, 100, lambda i: True)[1] == 0
+    s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01, enabled=False)
+    assert not s.may_learn()
+
+
+def test_learning_respects_every_n():
+    s = AttributionScheduler(every_n=5, budget=0.0, learning_budget=0.01)
+    assert s.should_attribute()
+    s.record(0.013, True, 0.0)
+    assert not s.may_learn()  # 1 forward since the last attributed one, every_n 5

@@ -181,6 +181,37 @@ def test_table_rows_say_how_far_out_they_are_and_stop_at_max_extrapolation() -> 
     assert cap.max_safe_batches(10 ** 12)[16] == 64  # past max_extrapolation: the batch known to fit
 
 
+def test_every_answer_past_max_extrapolation_is_not_known_and_fits_is_the_callers_choice() -> None:
+    """One answer: the table, predict, fits, headroom and the ready gauge agree. Fitted on batches
+    1-8, a batch of 100 (12.5x) is not known to any of them; fits() is then the caller's
+    ``unknown=``, unless the fit's own estimate (no error on top) is already over what is
+    available: then it does not fit, whatever ``unknown`` says."""
+    cap = capacity(10 ** 12, max_extrapolation=8.0)
+    assert cap.figures("cpu").ready is False  # nothing learnt yet: the gauge says 0
+    for b, s in PROMPTS:
+        cap.observe({"batch": b, "seq_len": s}, prompt(b, s), 0)
+    cap.model.states(force=True)  # the refit a second later, now
+    assert cap.figures("cpu").ready is True
+    p = cap.predict({"batch": 100, "seq_len": 64})
+    assert p.upper_bytes is None and "capacity.max_extrapolation" in p.reason
+    assert p.estimate_bytes == pytest.approx(prompt(100, 64), rel=1e-3)  # the fit's own figure, kept
+    assert cap.fits("cpu", {"batch": 100, "seq_len": 64}, unknown=False) is False
+    assert cap.fits("cpu", {"batch": 100, "seq_len": 64}, unknown=True) is True  # a terabyte: the estimate fits
+    doc = cap.answer("cpu", {"batch": 100, "seq_len": 64})
+    assert doc["fits"] is None and "headroom_bytes" not in doc
+    row = {r["seq_len"]: r for r in cap.answer("cpu", None)["max_safe_batch_rows"]}[64]
+    assert row["batch"] is None and row["at_least"] == 64  # the table: not known past 8 x 8
+    inside = cap.predict({"batch": 64, "seq_len": 64})  # 8x: the last batch the table calls known
+    assert inside.upper_bytes is not None and inside.reason is None
+    # what is available is far below the estimate: known not to fit, with either unknown
+    cap.budgets = FixedBudget(prompt(100, 64) // 10)
+    for unknown in (True, False):
+        assert cap.fits("cpu", {"batch": 100, "seq_len": 64}, unknown=unknown) is False
+    assert cap.answer("cpu", {"batch": 100, "seq_len": 64})["fits"] is False
+    cap.budgets = FixedBudget(None)
+    assert cap.figures("cpu").ready is False  # no limit: the model cannot answer
+
+
 def test_a_model_without_a_sequence_gets_one_row_and_one_without_a_batch_a_reason() -> None:
     cap = capacity(5 * 10 ** 7, shape_of=lambda a, k: {})
     for b in (1, 2, 4, 8, 16):
