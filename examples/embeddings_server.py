@@ -130,8 +130,10 @@ class Embedder:
         n, tokens = batch["input_ids"].shape
         # ask the memory model before running: a batch predicted not to fit in the memory left now
         # (limit, what is in use, the margin, the fit's error) runs as two halves instead of dying
-        # with an OOM. While the model cannot tell yet, fits() answers True.
-        if n > 1 and self.handle is not None and not self.handle.fits(batch=n, seq_len=tokens):
+        # with an OOM. While the model cannot tell (its first forwards, a batch far outside those
+        # seen), this server lets the batch through (unknown=True); one that must never risk it
+        # says unknown=False and splits instead.
+        if n > 1 and self.handle is not None and not self.handle.fits(batch=n, seq_len=tokens, unknown=True):
             self.splits += 1
             half = len(texts) // 2
             return self._forward(texts[:half]) + self._forward(texts[half:])

@@ -18,10 +18,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # tested with an explicit environment (tests/unit/telemetry/test_layer_budget.py)
 os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 
-# capacity.mmap_threshold defaults to "auto": glibc's mmap threshold is fixed wherever a memory limit
-# is in force, which would change the heap behind the suite's own figures on a CI runner with a
-# container limit. The suite keeps glibc's default everywhere; the tests of the setting pass it
-# explicitly, and the OOM cgroup test's child drops this to get the shipped default.
+# capacity.mmap_threshold defaults to "off" (glibc's own policy); a shell that set it otherwise (the
+# variable, e.g. "auto", fixes glibc's mmap threshold wherever a memory limit is in force) would
+# change the heap behind the suite's own figures. The suite keeps glibc's default everywhere; the
+# tests of the setting pass it explicitly, and the OOM cgroup test's child drops this to get the
+# shipped default.
 os.environ.setdefault("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "off")
 
 # One intra-op thread per process: the suite runs on two pytest workers, most of its tests start

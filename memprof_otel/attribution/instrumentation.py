@@ -306,15 +306,20 @@ class Instrumentation:
         """The predicted peak increase of one forward of this shape (e.g. ``batch=8, seq_len=512``),
         with the error it carries (measured on shapes the fit was not given, grown with how far
         outside the shapes seen this one lies: ``extrapolation_factor``). ``peak_increase_bytes`` is
-        None, with ``reason``, when the model cannot answer yet; a feature name the model never saw,
+        None, with ``reason``, when the model cannot answer yet; past ``capacity.max_extrapolation``
+        ``upper_bytes`` is None and ``reason`` says it is not known (``estimate_bytes`` keeps the
+        fit's figure); a feature name the model never saw,
         or one it needs and was not given, raises ``ShapeError`` naming it."""
         return self._capacity_on().predict(features, self.last_device)
 
     def fits(self, *, unknown: bool = True, **features: int) -> bool:
         """Would one forward of this shape fit in the memory its device has available now, with
         the margin and the fit's error taken off? ``unknown`` is the answer only when the model or
-        the limit cannot tell yet (too few shapes seen, no limit known): letting traffic through by
-        default. A misspelt or missing feature raises ``ShapeError``: a gate never opens on a typo."""
+        the limit cannot tell (too few shapes seen, no limit known, or a shape more than
+        ``capacity.max_extrapolation`` times outside those seen whose estimate alone would fit):
+        letting traffic through by default; a gate that must never risk an OOM passes False. A
+        shape whose estimate alone is over what is available is False whatever ``unknown`` says. A
+        misspelt or missing feature raises ``ShapeError``: a gate never opens on a typo."""
         return self._capacity_on().fits(self.last_device, features, unknown)
 
     def headroom(self, **features: int) -> dict[str, Any]:
@@ -474,10 +479,10 @@ class Instrumentation:
             # a shape the memory model has not measured is worth an attributed forward
             # (scheduler.may_learn): the shape is read now, once, for the decision and the model
             tls.shape, shape_read = self._shape(args, kwargs), True
-            if tls.shape and self.capacity.is_new(tls.shape):
+            new = bool(tls.shape) and self.capacity.is_new(tls.shape)
+            if new:
                 self._begin_attributed(opener, path, t, None, compiled)
-                if tls.state is not None:
-                    self.scheduler.learning()
+            self.scheduler.checked(new and tls.state is not None)
         if tls.state is None and not path and self.capacity is not None and self.config.capacity.root_readings:
             self._begin_root_reading(opener, t)
         if tls.state is not None and not path and self.capacity is not None and not shape_read:

@@ -203,7 +203,10 @@ def _schemas() -> dict[str, Any]:
                                      "factors: 1.0 inside the shapes seen; the error grows with it"},
             "data_dependent": {"type": "boolean", "description": "forwards of one shape had very different peaks"},
             "shapes": {"type": "integer"}, "reason": {"type": ["string", "null"]},
-            "regime": {"type": ["string", "null"], "description": "the fit that answered (model_fit.regimes)"}}},
+            "regime": {"type": ["string", "null"], "description": "the fit that answered (model_fit.regimes)"},
+            "estimate_bytes": {"type": ["integer", "null"], "description": "the fit's figure in the limit's units, "
+                               "without its error; where upper_bytes is null past capacity.max_extrapolation, a "
+                               "shape whose estimate alone is over what is available does not fit"}}},
         "SafeLimit": {"type": "object", "required": ["extrapolation_factor", "error_ratio", "reason", "at_least"],
                       "properties": {
             "seq_len": {"type": ["integer", "null"]}, "batch": {"type": ["integer", "null"], "minimum": 0},

@@ -50,8 +50,11 @@ def prediction(h: ModelHandle, features: Mapping[str, int]) -> dict[str, Any]:
         try:
             p = cap.predict(features, device)
             out["unit"] = p.unit
-            if p.upper_bytes is not None:
-                out["predicted_peak_bytes"] = int(p.upper_bytes)
+            # past capacity.max_extrapolation there is no upper bound, only the fit's own estimate:
+            # still the figure that tells a request far too big from the rest (it is the lower one)
+            peak = p.upper_bytes if p.upper_bytes is not None else p.estimate_bytes
+            if peak is not None:
+                out["predicted_peak_bytes"] = int(peak)
             n = cap.max_safe_batch_for(features, device)
             if n is not None:
                 out["max_safe_batch"] = int(n)

@@ -96,10 +96,10 @@ def _drive(s: AttributionScheduler, forwards: int, novel: "callable") -> tuple[i
     attributed = learned = 0
     for i in range(forwards):
         a = s.should_attribute()
-        if not a and novel(i) and s.may_learn():
-            s.learning()
-            a = True
-            learned += 1
+        if not a and s.may_learn():
+            a = novel(i)
+            s.checked(a)
+            learned += a
         s.record(0.013 if a else 0.010, a, 0.0)
         attributed += a
     return attributed, learned
@@ -109,7 +109,7 @@ def test_new_shapes_are_attributed_beyond_the_budget_at_first():
     """16 cycling shapes, each new on its first pass: at 0.2 % the budget's own picks would find a
     few; the first 16 new shapes are attributed whatever the budget says."""
     s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01)
-    seen: set[int] = set()
+    seen: set[int] = {0}  # the first forward is the budget's own pick
 
     def novel(i: int) -> bool:
         new = i % 16 not in seen
@@ -125,7 +125,7 @@ def test_learning_is_charged_to_the_budget_so_repeats_cost_the_budget_alone():
     """After the first shapes, traffic that repeats them: the learning's cost is paid back before the
     budget picks again, so over the run attribution costs the budget's share, not more."""
     s = AttributionScheduler(every_n=1, budget=0.002, learning_budget=0.01)
-    attributed, learned = _drive(s, 20_000, lambda i: i < 16)
+    attributed, learned = _drive(s, 20_000, lambda i: 0 < i < 16)
     st = s.state()
     assert learned == 15
     assert st.attribution_seconds <= 0.002 * st.forward_seconds + 0.003
@@ -151,3 +151,22 @@ def test_learning_respects_every_n():
     assert s.should_attribute()
     s.record(0.013, True, 0.0)
     assert not s.may_learn()  # 1 forward since the last attributed one, every_n 5
+
+
+def test_a_service_whose_shapes_repeat_reads_a_shape_once_in_64_forwards():
+    """Reading the shape costs microseconds: after checks that found known shapes, the checks back
+    off to one in LEARN_WAIT_MAX forwards; a new shape brings them back at once."""
+    s = AttributionScheduler(every_n=1, budget=0.0, learning_budget=0.01)
+    s.record(0.01, s.should_attribute(), 0.0)  # the first forward: the budget's own pick
+    looks = 0
+    for _ in range(2000):
+        if s.may_learn():
+            looks += 1
+            s.checked(False)
+        s.record(0.01, False, 0.0)
+    assert looks < 2000 / AttributionScheduler.LEARN_WAIT_MAX + 8
+    while not s.may_learn():
+        s.record(0.01, False, 0.0)
+    s.checked(True)  # a new shape: the next forward is looked at again
+    s.record(0.013, True, 0.0)
+    assert s.may_learn()

@@ -69,7 +69,7 @@ def test_the_setting_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", raising=False)  # the suite's own pin
     assert load_config({"capacity": {"mmap_threshold": "2MiB"}}).capacity.mmap_threshold == 2 << 20
     assert load_config({"capacity": {"mmap_threshold": "OFF"}}).capacity.mmap_threshold == "off"
-    assert load_config({}).capacity.mmap_threshold == "auto"
+    assert load_config({}).capacity.mmap_threshold == "off"  # shipped: glibc's own policy, nothing process-wide
     for bad in ("64MiB", "1KiB", "sometimes"):
         with pytest.raises(ConfigError, match="mmap_threshold"):
             load_config({"capacity": {"mmap_threshold": bad}})
