@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from ._cgroup import Cgroup
+
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 8 << 30
 SIDES = {"A": "plain", "A'": "plain", "D": "defaults", "T": "threshold"}
@@ -79,37 +81,6 @@ def child(kind: str, forwards: int) -> None:
     print(json.dumps({"times": out, "heap": heap}))
 
 
-class Cgroup:
-    """A memory cgroup under this process's own, with LIMIT; removed on close."""
-
-    def __init__(self) -> None:
-        sys.path.insert(0, str(REPO))
-        from tests.cgroup_truth import memory_dir
-        found = memory_dir()
-        if found is None:
-            raise SystemExit("no memory cgroup is visible to this process")
-        parent, version = found
-        self.dir = parent / f"memprof-bench-{os.getpid()}"
-        try:
-            self.dir.mkdir()
-            (self.dir / ("memory.limit_in_bytes" if version == 1 else "memory.max")).write_text(str(LIMIT))
-        except OSError as e:
-            raise SystemExit(f"cannot make a memory cgroup under {parent} (root is needed): {e}") from e
-
-    def enter(self) -> None:
-        (self.dir / "cgroup.procs").write_text(str(os.getpid()))
-
-    def close(self) -> None:
-        for _ in range(50):
-            try:
-                self.dir.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
-
-
 def run_child(cg: Cgroup, kind: str, forwards: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
            "OMP_NUM_THREADS": "1"}
@@ -136,7 +107,7 @@ def main() -> None:
         return
     sides = ["A", "A'", "D"] + (["T"] if args.with_threshold else [])
     rng = random.Random(0)
-    cg = Cgroup()
+    cg = Cgroup(LIMIT)
     ratios: dict[str, dict[str, dict[str, list[float]]]] = {}
     base: dict[str, list[float]] = {}
     heaps: dict[str, object] = {}

@@ -479,10 +479,11 @@ class Instrumentation:
             # a shape the memory model has not measured is worth an attributed forward
             # (scheduler.may_learn): the shape is read now, once, for the decision and the model
             tls.shape, shape_read = self._shape(args, kwargs), True
-            new = bool(tls.shape) and self.capacity.is_new(tls.shape)
-            if new:
+            kind = self.capacity.new_kind(tls.shape) if tls.shape else None
+            if kind is None:
+                self.scheduler.known()
+            elif self.scheduler.claim(kind):
                 self._begin_attributed(opener, path, t, None, compiled)
-            self.scheduler.checked(new and tls.state is not None)
         if tls.state is None and not path and self.capacity is not None and self.config.capacity.root_readings:
             self._begin_root_reading(opener, t)
         if tls.state is not None and not path and self.capacity is not None and not shape_read:

@@ -8,11 +8,11 @@ duration minus the recent duration of plain forwards (an EMA), and never less th
 timed themselves; with no plain forward seen yet, the whole duration is charged.
 
 A forward of a shape the memory model has not measured yet may also be attributed beyond the
-budget (``may_learn``): the capacity answers need a few distinct shapes, and at the default 0.2 %
-the random picks found three distinct shapes in 608 forwards of 16 cycling shapes (two minutes),
-so a gate stayed without an answer. The first ``LEARN_FIRST`` such forwards of a process are always
-attributed; after them, only while attribution has cost at most ``learning_budget`` of the forward
-time. Either way the cost is charged to the same account as the budget's own picks, so the random
+budget (``may_learn``, ``claim``): the capacity answers need a few distinct shapes, and at the
+default 0.2 % the random picks found three distinct shapes in 608 forwards of 16 cycling shapes (two
+minutes), so a gate stayed without an answer. The first ``LEARN_FIRST`` such forwards of each kind
+(prompts, decode steps) of a process are always attributed; after them, only while attribution has
+cost at most ``learning_budget`` of the forward time. Either way the cost is charged to the same account as the budget's own picks, so the random
 picks wait until the budget has paid it back: the long-run cost stays at ``budget`` where the
 traffic repeats its shapes, and at most ``learning_budget`` where it keeps bringing new ones.
 """
@@ -41,13 +41,14 @@ class AttributionScheduler:
     FIRST_COST_CAP = 3.0
     LEARN_FIRST = 16  # forwards of new shapes attributed whatever the budget, once per process
     LEARN_WAIT_MAX = 64  # forwards between two looks for a new shape, at most
+    LEARN_WAIT_DENIED = 4  # the same after new shapes the learning budget had no room for
 
     def __init__(self, every_n: int, budget: float, enabled: bool = True, learning_budget: float = 0.0) -> None:
         self.every_n = max(1, every_n)
         self.budget = budget
         self.enabled = enabled
         self.learning_budget = learning_budget
-        self._learned = 0  # forwards attributed through may_learn
+        self._learned: dict[str, int] = {}  # kind of shape -> forwards attributed through claim
         self._learn_gap = 0  # forwards to wait after the next check that finds a known shape, doubled each time
         self._learn_wait = 0  # forwards still to wait before the next check
         self._lock = threading.Lock()
@@ -79,10 +80,12 @@ class AttributionScheduler:
 
     def may_learn(self) -> bool:
         """May a forward the budget did not pick be attributed if its shape is new to the memory
-        model? The caller then reads the shape and says what it found (``checked``). Reading a
-        shape costs microseconds (7-15 us measured), too much for every forward of a service whose
-        shapes repeat: after a check that found a known shape the next ones wait 1, 2, 4 ... up to
-        ``LEARN_WAIT_MAX`` forwards, and a new shape brings them back to every forward."""
+        model? The caller then reads the shape and, for a new one, asks ``claim``; for a known one
+        says ``known``. Reading a shape costs microseconds (7-15 us measured), too much for every
+        forward of a service whose shapes repeat: after a look that found a known shape the next
+        looks wait 1, 2, 4 ... up to ``LEARN_WAIT_MAX`` forwards (up to ``LEARN_WAIT_DENIED`` after a
+        new shape the learning budget had no room for), and a new shape attributed brings them
+        back to every forward."""
         if not self.enabled or self.learning_budget <= 0.0:
             return False
         with self._lock:
@@ -91,19 +94,35 @@ class AttributionScheduler:
             if self._learn_wait > 0:
                 self._learn_wait -= 1
                 return False
-            return (self._learned < self.LEARN_FIRST
-                    or self._attr_spent_s <= max(self.budget, self.learning_budget) * self._forward_s)
+            return (any(n < self.LEARN_FIRST for n in self._learned.values()) or len(self._learned) < 2
+                    or self._learning_allowed())
 
-    def checked(self, new: bool) -> None:
-        """What the shape ``may_learn`` allowed a look at was: new (its forward is being attributed,
-        and counts against ``LEARN_FIRST``) or one the model knows (the next checks wait longer)."""
+    def _learning_allowed(self) -> bool:
+        return self._attr_spent_s <= max(self.budget, self.learning_budget) * self._forward_s
+
+    def claim(self, kind: str) -> bool:
+        """A new shape of ``kind`` (the memory model's regime: prompts, decode steps) was found: may
+        its forward be attributed? Each kind has its own ``LEARN_FIRST`` (a generate() service's
+        decode steps, each a new cache length, would otherwise take them all before its prompts
+        had any), then the learning budget."""
         with self._lock:
-            if new:
-                self._learned += 1
+            if self._learned.get(kind, 0) < self.LEARN_FIRST or self._learning_allowed():
+                self._learned[kind] = self._learned.get(kind, 0) + 1
                 self._learn_gap = 0
-            else:
-                self._learn_gap = min(self.LEARN_WAIT_MAX, max(1, 2 * self._learn_gap))
-                self._learn_wait = self._learn_gap
+                return True
+            # traffic of ever-new shapes past the learning budget: look less often, but not for long
+            # (the denied shape may be a decode step, and the next look a prompt whose kind has room)
+            self._back_off(self.LEARN_WAIT_DENIED)
+            return False
+
+    def known(self) -> None:
+        """The shape ``may_learn`` allowed a look at was one the model knows: the next looks wait longer."""
+        with self._lock:
+            self._back_off()
+
+    def _back_off(self, cap: int = 0) -> None:
+        self._learn_gap = min(cap or self.LEARN_WAIT_MAX, max(1, 2 * self._learn_gap))
+        self._learn_wait = self._learn_gap
 
     def record(self, duration_s: float, attributed: bool, self_timed_s: float) -> float:
         """Account one finished forward; returns the attribution cost charged for it."""
@@ -159,4 +178,5 @@ class AttributionScheduler:
     def state(self) -> SchedulerState:
         with self._lock:
             return SchedulerState(self._forwards, self._attributed, self._forward_s, self._spent_s,
-                                  self._plain_ema, self._first_cost_s or 0.0, self._first_plain_s, self._learned)
+                                  self._plain_ema, self._first_cost_s or 0.0, self._first_plain_s,
+                                  sum(self._learned.values()))

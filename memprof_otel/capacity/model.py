@@ -40,6 +40,7 @@ MAX_FAMILIES = 4
 # measurement: where the shapes left out show more, the measured growth applies). A fit that was
 # exact on every shape seen still says it is less sure twice as far out.
 GROWTH_FLOOR = 0.01
+FEW_SHAPES = 8  # a kind of call with fewer shapes kept learns from any new one (worth_measuring)
 OPTIONAL = frozenset((CACHE_LEN, LOGITS))  # implied when a call does not give them (shapes.implied)
 
 
@@ -242,6 +243,10 @@ class MemoryModel:
         self._wall = wall
         self._lock = threading.Lock()
         self._shapes: dict[Key, ShapeRecord] = {}
+        # per kind of call: its shapes kept, and the range of each feature over every shape it kept
+        # (worth_measuring; the range never shrinks: eviction keeps each feature's extremes anyway)
+        self._family_n: dict[Family, int] = {}
+        self._extent: dict[Family, dict[str, tuple[int, int]]] = {}
         self._version = 0
         self._fitted_version = -1
         self._fitted_at = -math.inf
@@ -255,9 +260,24 @@ class MemoryModel:
         self._names: frozenset[str] = frozenset()  # every name a kept call gave (implied ones included)
 
     # ---- writing ---------------------------------------------------------------------------
-    def has(self, features: Mapping[str, int]) -> bool:
-        """Is this shape among those kept? (A dict lookup: asked before a forward.)"""
-        return key_of(canonical(features)) in self._shapes
+    def worth_measuring(self, features: Mapping[str, int]) -> bool:
+        """Would measuring a forward of this shape teach the model: a shape not kept, whose kind of
+        call has fewer than ``FEW_SHAPES`` kept or which lies outside the range its kind has seen
+        in some feature (a larger batch, a longer context: what the answers would otherwise
+        extrapolate to)? A shape between those seen adds little, and a generate() service brings a
+        new one every decode step. Asked before a forward: dict lookups, no fit."""
+        feats = canonical(features)
+        if key_of(feats) in self._shapes:
+            return False
+        fam = family_of(feats)
+        extent = self._extent.get(fam)
+        if extent is None or self._family_n.get(fam, 0) < FEW_SHAPES:
+            return True
+        for name, v in feats.items():
+            lo_hi = extent.get(name)
+            if lo_hi is None or not lo_hi[0] <= v <= lo_hi[1]:
+                return True
+        return False
 
     def observe(self, features: Mapping[str, int], peak_increase: int, retained: int) -> None:
         if not features:
@@ -275,9 +295,15 @@ class MemoryModel:
                 self._names = self._names | frozenset(features)
             rec = self._shapes.get(key)
             if rec is None:
+                fam = family_of(features)
                 if len(self._shapes) >= self.max_shapes:
-                    self._evict(family_of(features))
+                    self._evict(fam)
                 rec = self._shapes[key] = ShapeRecord(dict(features))
+                self._family_n[fam] = self._family_n.get(fam, 0) + 1
+                extent = self._extent.setdefault(fam, {})
+                for n, v in features.items():
+                    lo, hi = extent.get(n, (v, v))
+                    extent[n] = (min(lo, v), max(hi, v))
             rec.peaks.append(max(0, int(peak_increase)))
             rec.retained.append(int(retained))
             rec.count += 1
@@ -301,12 +327,17 @@ class MemoryModel:
             hull.add(min(having, key=lambda kv: kv[1].features[n])[0])
             hull.add(max(having, key=lambda kv: kv[1].features[n])[0])
         pool = [kv for kv in recs if kv[0] not in hull] or recs
-        del self._shapes[min(pool, key=lambda kv: kv[1].last_seen)[0]]
+        gone = min(pool, key=lambda kv: kv[1].last_seen)
+        del self._shapes[gone[0]]
+        fam = family_of(gone[1].features)
+        self._family_n[fam] = self._family_n.get(fam, 1) - 1
 
     def clear(self) -> None:
         with self._lock:
             self._shapes.clear()
             self._bases.clear()
+            self._family_n.clear()
+            self._extent.clear()
             self._names = frozenset()
             self._version += 1
 

@@ -60,6 +60,7 @@ class Capacity:
         self.kernel_readings = 0
         self._observed = 0  # forwards observed: what _both()'s cached answer was computed at
         self._both_cache: tuple[int, list[tuple[float, float]]] = (-1, [])
+        self._logits_cache: tuple[int, int | None] = (-1, None)
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
         # process's resident level it reached)
         self._top: tuple[float, int] | None = None
@@ -77,10 +78,11 @@ class Capacity:
             return default_shape_of(args, kwargs) or None
         return checked(_call_shape_of(self._shape_of, args, kwargs)) or None
 
-    def is_new(self, features: Features) -> bool:
-        """Has no forward of this shape been measured yet (in tensor bytes)? Such a forward teaches
-        the model more than any repeat (``capacity.learning_budget``)."""
-        return not self.model.has(features)
+    def new_kind(self, features: Features) -> str | None:
+        """The regime (``prefill``, ``decode``) of a shape worth an attributed forward
+        (``MemoryModel.worth_measuring``: not measured yet, and its kind has few shapes or it lies
+        outside their range), None for one that would teach little (``capacity.learning_budget``)."""
+        return regime_of(canonical(features)) if self.model.worth_measuring(features) else None
 
     def observe(self, features: Features, peak_increase: int, retained: int, kernel: Any = None) -> None:
         """One measured forward: its tensor figures and, where read, ``kernel``: the same forward in
@@ -197,7 +199,34 @@ class Capacity:
                 if feats.get(name) == 0:
                     raise ShapeError(f"{name} must be at least 1, got 0", (name,))
         self.model.check(feats)
+        cut = self.prompt_logits()
+        if cut is not None and LOGITS not in feats and regime_of(canonical(feats)) == PREFILL:
+            feats[LOGITS] = min(cut, feats.get(SEQ_LEN, cut))  # the call this service runs: a generate() prompt
         return feats
+
+    def prompt_logits(self) -> int | None:
+        """Where every prompt measured computed the logits of its last positions only (a service
+        that calls ``generate()`` alone: ``logits_to_keep``), the most positions any kept; None where
+        a plain forward (every position's logits) was measured, or no prompt. Such a service never
+        runs a plain forward, so its questions without ``logits`` and its table are about the
+        prompts it does run: a plain forward's logits, 64x more positions than any it computed, were
+        outside every shape seen, and every row of its table "not known"."""
+        at, cut = self._logits_cache
+        if at == self._observed:  # a gate asks before every request: once per forward observed
+            return cut
+        cut = self._prompt_logits()
+        self._logits_cache = (self._observed, cut)
+        return cut
+
+    def _prompt_logits(self) -> int | None:
+        kept = []
+        for r in self.model.shapes():
+            if regime_of(r.features) != PREFILL:
+                continue
+            if LOGITS not in r.features:
+                return None  # canonical: logits equal to seq_len (every position) are left out
+            kept.append(r.features[LOGITS])
+        return max(kept) if kept else None
 
     def predict(self, features: Mapping[str, int], device: str = "cpu") -> Prediction:
         """The answer for one shape, in the limit's units. Past ``capacity.max_extrapolation`` it is
@@ -277,13 +306,26 @@ class Capacity:
         seen = sorted({r.features[SEQ_LEN] for r in shapes if SEQ_LEN in r.features})
         return seen[-TABLE_ROWS:]
 
-    @staticmethod
-    def _fixed_others(st: FitState, leave: set[str]) -> dict[str, int]:
+    def _fixed_others(self, st: FitState, leave: set[str]) -> dict[str, int]:
         """Features other than those asked about, at their largest value seen (conservative). A KV
         cache's length is 0 (the table is of prompts: what a decode step adds is in use already, and
-        the cache's growth is in the allocator's level) and every position's logits are computed
-        (a plain forward's, the larger): both implied, so left out."""
-        return {n: hi for n, (_, hi) in st.ranges.items() if n not in leave | {CACHE_LEN, LOGITS}}
+        the cache's growth is in the allocator's level), so left out, implied. Logits: every
+        position's (a plain forward's, the larger: implied, left out), unless the model only ever ran
+        ``generate()`` prompts (``prompt_logits``): then as many as those kept."""
+        out = {n: hi for n, (_, hi) in st.ranges.items() if n not in leave | {CACHE_LEN, LOGITS}}
+        if LOGITS in st.names and (cut := self.prompt_logits()) is not None:
+            out[LOGITS] = cut
+        return out
+
+    def table_call(self) -> dict[str, Any]:
+        """Which kind of call the max-safe-batch table is about (``/v1/headroom``'s ``table_call``)."""
+        cut = self.prompt_logits()
+        if cut is None:
+            return {"kind": "forward", "logits": None,
+                    "text": "plain forwards and generate() prompts, every position's logits computed"}
+        return {"kind": "generate", "logits": cut,
+                "text": f"generate() prompts: the logits of the last {cut} position{'s' if cut != 1 else ''} "
+                        "(the only prompts this model ran)"}
 
     def table(self, available: int, device: str = "cpu") -> tuple[list[dict[str, Any]], str | None]:
         """The max-safe-batch table: one row per sequence length (one row, ``seq_len`` None, for a
@@ -396,6 +438,7 @@ class Capacity:
             doc["max_safe_batch"] = {("any" if r["seq_len"] is None else str(r["seq_len"])): r["batch"] for r in rows}
             doc["max_safe_batch_rows"] = rows
             doc["max_safe_batch_reason"] = why
+            doc["table_call"] = self.table_call()
             if self.config.batch is not None:
                 r = self.max_safe_seq_len(budget.available_bytes, self.config.batch, device).to_dict()
                 doc["max_safe_seq_len"] = {"batch": self.config.batch, "seq_len": r.pop("value"), **r}

@@ -113,6 +113,10 @@ def render(doc: dict[str, Any]) -> str:
             feats = ", ".join(f"{k}={v}" for k, v in sorted(p["features"].items()))
             if p["peak_increase_bytes"] is None:
                 lines.append(f"  {feats}: no prediction: {p['reason']}")
+            elif p["upper_bytes"] is None:  # past capacity.max_extrapolation: the estimate alone
+                verdict = {True: "fits", False: "would NOT fit", None: "unknown whether it fits"}[m.get("fits")]
+                lines.append(f"  {feats}: {p['reason']}; the fit's estimate is "
+                             f"+{format_bytes(p.get('estimate_bytes') or 0)}: {verdict}")
             else:
                 verdict = {True: "fits", False: "would NOT fit", None: "unknown whether it fits"}[m.get("fits")]
                 lines.append(f"  {feats}: peak +{format_bytes(p['peak_increase_bytes'])} "
@@ -129,7 +133,8 @@ def render(doc: dict[str, Any]) -> str:
                 lines.append("    warning: forwards of one shape had very different peaks (data-dependent)")
         rows = m.get("max_safe_batch_rows")
         if rows:
-            lines.append("  max safe batch:")
+            call = m.get("table_call") or {}
+            lines.append("  max safe batch" + (f" ({call['text']})" if call.get("text") else "") + ":")
             for r in rows:
                 where = "any length" if r["seq_len"] is None else f"seq_len {r['seq_len']}"
                 if r["batch"] is None:

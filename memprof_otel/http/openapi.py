@@ -234,6 +234,11 @@ def _schemas() -> dict[str, Any]:
                                               "predicted to fit now; null: not known (max_safe_batch_rows says why)"},
             "max_safe_batch_rows": {"type": "array", "items": _ref("SafeLimit")},
             "max_safe_batch_reason": {"type": ["string", "null"], "description": "why there are no rows"},
+            "table_call": {"type": "object", "description": "which kind of call the table is about: kind "
+                           "forward (every position's logits) or generate (only generate() prompts were measured: "
+                           "logits of the last N positions)", "properties": {
+                "kind": {"enum": ["forward", "generate"]}, "logits": {"type": ["integer", "null"]},
+                "text": {"type": "string"}}},
             "max_safe_seq_len": {"allOf": [_ref("SafeLimit")], "properties": {"batch": {"type": "integer"}}}}},
         "Headroom": {"type": "object", "required": ["models"], "properties": {
             "models": {"type": "object", "additionalProperties": _ref("HeadroomModel")},

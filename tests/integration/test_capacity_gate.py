@@ -94,6 +94,38 @@ def test_plain_forwards_and_generate_calls_are_both_learnt(order: str) -> None:
         h.headroom(batch=4)
 
 
+def test_a_service_that_only_calls_generate_gets_a_table_of_its_prompts_on_the_shipped_defaults() -> None:
+    """A GPT-2 served through ``generate()`` alone, on the shipped defaults (the new shapes attributed
+    beyond the budget): its table is of the prompts it runs (the last position's logits), every row
+    known, and a prompt of a size it never ran is predicted within 5 % of the reference's own
+    measure of that call (the prompt generate() makes: an empty cache, ``logits_to_keep=1``)."""
+    torch.manual_seed(0)
+    model = gpt2()
+    h = mp.instrument(model, name="gpt2-generate-only",
+                      config={"capacity": {"limit_bytes": "2GiB", "seq_lens": [16, 40]}})
+    with torch.no_grad():  # eight prompt sizes, six new tokens each
+        for b, s in GENERATE + [(6, 12), (2, 36), (5, 28)]:
+            model.generate(ids(b, s), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    h.capacity.model.states(force=True)
+    doc = h.headroom()
+    assert doc["table_call"]["kind"] == "generate" and doc["table_call"]["logits"] == 1
+    rows = doc["max_safe_batch_rows"]
+    # known to the model's reach: the batch, or past capacity.max_extrapolation (2 GiB is far more
+    # than 8 x the largest batch seen needs) the largest batch within it; a plain forward's logits
+    # would have put every row 16-40x outside the shapes seen before any batch was asked about
+    assert [r["seq_len"] for r in rows] == [16, 40], rows
+    for r in rows:
+        assert (r["batch"] or r["at_least"] or 0) >= 8 and "logits" not in (r["reason"] or ""), r
+    assert h.status()["attributed_forwards"] < h.status()["forwards"]  # the budget's picks and the new shapes
+    h.pause()
+    b, s = 3, 30  # a prompt generate() never ran
+    p = h.predict_peak(batch=b, seq_len=s)
+    assert p.reason is None and p.features.get("logits") == 1, p
+    with torch.no_grad():
+        measured = reference_root_peak(model, lambda: model(input_ids=ids(b, s), use_cache=True, logits_to_keep=1))
+    assert abs(p.peak_increase_bytes - measured) / measured <= TOLERANCE, (p, measured)
+
+
 def test_the_error_outside_the_batches_seen_covers_the_real_peak() -> None:
     """Fitted on batches 1-4, the predictions at 8, 16 and 32 (2x, 4x and 8x the largest seen)
     against the reference: each says how far out it is, and its upper bound holds the real peak."""

@@ -97,9 +97,11 @@ def _drive(s: AttributionScheduler, forwards: int, novel: "callable") -> tuple[i
     for i in range(forwards):
         a = s.should_attribute()
         if not a and s.may_learn():
-            a = novel(i)
-            s.checked(a)
-            learned += a
+            if novel(i):
+                a = s.claim("prefill")
+                learned += a
+            else:
+                s.known()
         s.record(0.013 if a else 0.010, a, 0.0)
         attributed += a
     return attributed, learned
@@ -162,11 +164,26 @@ def test_a_service_whose_shapes_repeat_reads_a_shape_once_in_64_forwards():
     for _ in range(2000):
         if s.may_learn():
             looks += 1
-            s.checked(False)
+            s.known()
         s.record(0.01, False, 0.0)
     assert looks < 2000 / AttributionScheduler.LEARN_WAIT_MAX + 8
     while not s.may_learn():
         s.record(0.01, False, 0.0)
-    s.checked(True)  # a new shape: the next forward is looked at again
+    assert s.claim("prefill")  # a new shape: the next forward is looked at again
     s.record(0.013, True, 0.0)
     assert s.may_learn()
+
+
+def test_each_kind_of_shape_has_its_own_first_forwards():
+    """A generate() service: every decode step is a new cache length. Its decode steps must not take
+    the first forwards its prompts need."""
+    s = AttributionScheduler(every_n=1, budget=0.0, learning_budget=0.0001)
+    s.record(0.01, s.should_attribute(), 0.0)
+    for _ in range(AttributionScheduler.LEARN_FIRST):
+        assert s.may_learn() and s.claim("decode")
+        s.record(0.013, True, 0.0)
+    assert not s.claim("decode")  # the decode steps' own are spent, and the learning budget is
+    s.record(0.01, False, 0.0)
+    assert not s.may_learn()  # a new shape it had no room for: the next look waits a forward
+    s.record(0.01, False, 0.0)
+    assert s.may_learn() and s.claim("prefill")  # the prompts still have theirs

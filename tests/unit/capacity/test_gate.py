@@ -212,6 +212,42 @@ def test_every_answer_past_max_extrapolation_is_not_known_and_fits_is_the_caller
     assert cap.figures("cpu").ready is False  # no limit: the model cannot answer
 
 
+def test_a_service_that_only_calls_generate_gets_a_table_of_its_prompts() -> None:
+    """generate() computes one position's logits (logits_to_keep=1): a service that only calls it
+    never runs a plain forward, whose logits over every position lie 64x and more outside anything
+    seen. Its table and its questions without ``logits`` are about the prompts it does run, and say
+    so; once a plain forward is measured, they are about plain forwards again (the larger)."""
+    vocab = 5_000
+
+    def lm(b: int, s: int, logits: int) -> int:
+        return 1_000_000 + 3_000 * b * s + 4 * vocab * b * logits
+
+    available = 8_000_000  # batch ~15 at 128, ~29 at 64: outside the batches seen, within 8x
+    cap = capacity(available, seq_lens=(64, 128))
+    for b, s in PROMPTS:
+        cap.observe({"batch": b, "seq_len": s, "logits": 1}, lm(b, s, 1), 0)
+    for b, c in STEPS:
+        cap.observe({"batch": b, "seq_len": 1, "cache_len": c, "logits": 1}, decode(b, c), 0)
+    cap.model.states(force=True)
+    doc = cap.answer("cpu", None)
+    assert doc["table_call"]["kind"] == "generate" and doc["table_call"]["logits"] == 1
+    rows = {r["seq_len"]: r for r in doc["max_safe_batch_rows"]}
+    st = cap.model.state()
+    for s in (64, 128):  # known, and by plain arithmetic on the prompts' own peak
+        n = rows[s]["batch"]
+        assert n is not None and n > 8 and rows[s]["reason"] is None, rows[s]
+        assert lm(n, s, 1) * (1 + st.error_at(n / 8)) <= available < lm(n + 1, s, 1) * (1 + st.error_at((n + 1) / 8))
+    p = cap.predict({"batch": 8, "seq_len": 128})  # no logits given: a prompt of the calls it runs
+    assert p.features["logits"] == 1 and p.peak_increase_bytes == pytest.approx(lm(8, 128, 1), rel=1e-3)
+    assert p.extrapolation_factor == 1.0 and p.upper_bytes is not None
+    assert "generate() prompts" in render({"models": {"m": doc}})
+    for b, s in PROMPTS[:3]:  # a plain forward: every position's logits, the larger
+        cap.observe({"batch": b, "seq_len": s}, lm(b, s, s), 0)
+    cap.model.states(force=True)
+    assert cap.answer("cpu", None)["table_call"]["kind"] == "forward"
+    assert "logits" not in cap.predict({"batch": 2, "seq_len": 64}).features
+
+
 def test_a_model_without_a_sequence_gets_one_row_and_one_without_a_batch_a_reason() -> None:
     cap = capacity(5 * 10 ** 7, shape_of=lambda a, k: {})
     for b in (1, 2, 4, 8, 16):

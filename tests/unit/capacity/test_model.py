@@ -181,3 +181,25 @@ def test_refits_are_spaced_by_their_own_cost():
     assert m.states() is first  # due after 1 s by the interval, but not by its cost
     now[0] = 5.1
     assert m.states() is not first
+
+
+def test_a_shape_is_worth_measuring_while_its_kind_has_few_or_it_extends_their_range() -> None:
+    """What the learning budget spends attributed forwards on: any new shape of a kind of call with
+    fewer than 8 kept, then only those outside the range seen (a generate() service brings a new
+    decode shape every step; the one between two seen teaches the fit little)."""
+    from memprof_otel.capacity.model import FEW_SHAPES
+    m = MemoryModel(refit_interval_s=0)
+    m.background = False
+    seen = [(b, s) for b in (1, 4) for s in (16, 32, 64, 128)]
+    assert len(seen) == FEW_SHAPES
+    for b, s in seen[:-1]:
+        m.observe({"batch": b, "seq_len": s}, 1000 * b * s, 0)
+    assert m.worth_measuring({"batch": 2, "seq_len": 48})  # 7 kept: any new shape
+    m.observe({"batch": seen[-1][0], "seq_len": seen[-1][1]}, 1000, 0)
+    assert not m.worth_measuring({"batch": 4, "seq_len": 128})  # measured
+    assert not m.worth_measuring({"batch": 2, "seq_len": 48})  # inside the range, 8 kept
+    assert m.worth_measuring({"batch": 8, "seq_len": 48})  # a larger batch than any seen
+    assert m.worth_measuring({"batch": 2, "seq_len": 256})  # a longer sequence
+    # decode steps are another kind: their first shapes are worth it whatever the prompts hold
+    assert m.worth_measuring({"batch": 2, "seq_len": 1, "cache_len": 40})
+    assert not m.worth_measuring({"batch": 2, "seq_len": 48, "cache_len": 0})  # a prompt, canonical
