@@ -11,18 +11,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.cgroup_truth import memory_dir, remove_dir  # noqa: E402  (the plain reading of /proc/self/cgroup)
 
 
 class Cgroup:
     """A memory cgroup under this process's own, with a limit of ``limit`` bytes; removed on close."""
 
     def __init__(self, limit: int) -> None:
-        sys.path.insert(0, str(REPO))
-        from tests.cgroup_truth import memory_dir  # the plain reading of /proc/self/cgroup
         found = memory_dir()
         if found is None:
             raise SystemExit("no memory cgroup is visible to this process")
@@ -39,14 +38,7 @@ class Cgroup:
         (self.dir / "cgroup.procs").write_text(str(os.getpid()))
 
     def close(self) -> None:
-        for _ in range(50):  # a child's pages may take a moment to be uncharged
-            try:
-                self.dir.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        remove_dir(self.dir)
 
 
 def main() -> None:

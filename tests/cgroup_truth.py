@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -83,3 +84,16 @@ def cpu_quota_cores() -> float | None:
         quota, period = cat(f).split()
         return int(quota) / int(period) if quota != "max" else None
     return None
+
+
+def remove_dir(d: Path) -> None:
+    """Remove a cgroup directory its processes have left (a killed child's pages may take a moment
+    to be uncharged: retried for up to 5 s); gone already is fine."""
+    for _ in range(50):
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)

@@ -25,12 +25,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.cgroup_truth import memory_dir, oom_kills
+from tests.cgroup_truth import memory_dir, oom_kills, remove_dir
 
 MIB = 1 << 20
 CHILD = Path(__file__).with_name("oom_cgroup_child.py")
@@ -78,14 +77,7 @@ class MemoryCgroup:
         return oom_kills(self.dir, self.version)
 
     def close(self) -> None:
-        for _ in range(50):  # the killed child's pages may take a moment to be uncharged
-            try:
-                self.dir.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        remove_dir(self.dir)
 
 
 def run_at(limit: int, n: int, mode: str, *then: str) -> dict:
