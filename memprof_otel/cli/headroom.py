@@ -111,18 +111,18 @@ def render(doc: dict[str, Any]) -> str:
         p = m.get("prediction")
         if p is not None:
             feats = ", ".join(f"{k}={v}" for k, v in sorted(p["features"].items()))
+            verdict = {True: "fits", False: "would NOT fit", None: "unknown whether it fits"}[m.get("fits")]
             if p["peak_increase_bytes"] is None:
                 lines.append(f"  {feats}: no prediction: {p['reason']}")
-            elif p["upper_bytes"] is None:  # past capacity.max_extrapolation: the estimate alone
-                verdict = {True: "fits", False: "would NOT fit", None: "unknown whether it fits"}[m.get("fits")]
-                lines.append(f"  {feats}: {p['reason']}; the fit's estimate is "
-                             f"+{format_bytes(p.get('estimate_bytes') or 0)}: {verdict}")
             else:
-                verdict = {True: "fits", False: "would NOT fit", None: "unknown whether it fits"}[m.get("fits")]
-                lines.append(f"  {feats}: peak +{format_bytes(p['peak_increase_bytes'])} "
-                             f"(error {_pct(p['error_ratio'])}, up to +{format_bytes(p['upper_bytes'] or 0)}): "
-                             f"{verdict}" + (f", headroom {format_bytes(m['headroom_bytes'])}"
-                                             if "headroom_bytes" in m else ""))
+                if p["upper_bytes"] is None:  # past capacity.max_extrapolation: the estimate alone
+                    lines.append(f"  {feats}: {p['reason']}; the fit's estimate is "
+                                 f"+{format_bytes(p.get('estimate_bytes') or 0)}: {verdict}")
+                else:
+                    lines.append(f"  {feats}: peak +{format_bytes(p['peak_increase_bytes'])} "
+                                 f"(error {_pct(p['error_ratio'])}, up to +{format_bytes(p['upper_bytes'])}): "
+                                 f"{verdict}" + (f", headroom {format_bytes(m['headroom_bytes'])}"
+                                                 if "headroom_bytes" in m else ""))
                 if p["extrapolates"]:
                     far = ", ".join(f"{k} {_factor(v)}" for k, v in sorted(p["extrapolation"].items()))
                     lines.append(f"    extrapolates {_factor(p.get('extrapolation_factor'))} beyond the shapes seen "
