@@ -260,10 +260,17 @@ def test_real_cgroup_usage_follows_a_100mib_allocation() -> None:
     if truth.memory_dir() is None:
         pytest.skip("this machine shows the process no memory cgroup under /sys/fs/cgroup")
     src = CgroupSource()
-    before = src.stats()["memory_usage_bytes"]
-    buf = bytearray(b"\x01") * (100 * MiB)  # written, so charged to the cgroup
-    after = src.stats()["memory_usage_bytes"]
-    del buf
-    # the kernel charges the pages to our cgroup: usage rises by about the buffer (other
-    # processes in the cgroup move it a little either way)
-    assert after - before == pytest.approx(100 * MiB, abs=24 * MiB)
+    # the kernel charges the pages to our cgroup: usage rises by about the buffer. Other processes in
+    # the cgroup move it too (the suite's other worker, a test's child in a cgroup below ours, whose
+    # pages v1 counts here as well: +125 MiB once, for this 100), so up to three tries, one of which
+    # must see the buffer; a source that does not follow the cgroup misses it every time
+    rises = []
+    for _ in range(3):
+        before = src.stats()["memory_usage_bytes"]
+        buf = bytearray(b"\x01") * (100 * MiB)  # written, so charged to the cgroup
+        after = src.stats()["memory_usage_bytes"]
+        del buf
+        rises.append(after - before)
+        if abs(rises[-1] - 100 * MiB) <= 24 * MiB:
+            break
+    assert abs(rises[-1] - 100 * MiB) <= 24 * MiB, [r / MiB for r in rises]
