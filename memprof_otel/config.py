@@ -389,8 +389,8 @@ class CapacityConfig:
                                    "costs page faults on every forward, so it is never set unless asked for")
     learning_budget: float = _f(0.01, _float(0.0, 1.0), "share of forward time that attributing forwards of "
                                 "shapes the memory model has not measured may take, beyond "
-                                "attribution.overhead_budget (the first 16 of prompts and of decode steps are attributed whatever it says; "
-                                "0: only the budget's own picks teach it)")
+                                "attribution.overhead_budget (the first 16 of prompts and of decode steps are "
+                                "attributed whatever it says; 0: only the budget's own picks teach it)")
     max_extrapolation: float = _f(8.0, _float(1.0, 1e6), "how far outside the shapes seen (the requested "
                                   "size over the largest seen, features multiplied) a max-safe-batch row may lie; "
                                   "past it the row is not known")

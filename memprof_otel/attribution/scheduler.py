@@ -12,9 +12,10 @@ budget (``may_learn``, ``claim``): the capacity answers need a few distinct shap
 default 0.2 % the random picks found three distinct shapes in 608 forwards of 16 cycling shapes (two
 minutes), so a gate stayed without an answer. The first ``LEARN_FIRST`` such forwards of each kind
 (prompts, decode steps) of a process are always attributed; after them, only while attribution has
-cost at most ``learning_budget`` of the forward time. Either way the cost is charged to the same account as the budget's own picks, so the random
-picks wait until the budget has paid it back: the long-run cost stays at ``budget`` where the
-traffic repeats its shapes, and at most ``learning_budget`` where it keeps bringing new ones.
+cost at most ``learning_budget`` of the forward time. Either way the cost is charged to the same
+account as the budget's own picks, so the random picks wait until the budget has paid it back: the
+long-run cost stays at ``budget`` where the traffic repeats its shapes, and at most
+``learning_budget`` where it keeps bringing new ones.
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class AttributionScheduler:
         self.enabled = enabled
         self.learning_budget = learning_budget
         self._learned: dict[str, int] = {}  # kind of shape -> forwards attributed through claim
-        self._learn_gap = 0  # forwards to wait after the next check that finds a known shape, doubled each time
-        self._learn_wait = 0  # forwards still to wait before the next check
+        self._learn_gap = 0  # forwards the last back-off waited (doubled by the next one, 0 after a claim)
+        self._learn_wait = 0  # forwards still to wait before the next look at a shape
         self._lock = threading.Lock()
         self._forwards = 0
         self._attributed = 0
@@ -94,8 +95,9 @@ class AttributionScheduler:
             if self._learn_wait > 0:
                 self._learn_wait -= 1
                 return False
-            return (any(n < self.LEARN_FIRST for n in self._learned.values()) or len(self._learned) < 2
-                    or self._learning_allowed())
+            # some kind (of the two: prompts, decode steps) may still have its first forwards
+            first_left = len(self._learned) < 2 or min(self._learned.values()) < self.LEARN_FIRST
+            return first_left or self._learning_allowed()
 
     def _learning_allowed(self) -> bool:
         return self._attr_spent_s <= max(self.budget, self.learning_budget) * self._forward_s

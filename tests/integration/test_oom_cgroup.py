@@ -151,7 +151,8 @@ def test_the_shipped_defaults_answer_within_two_minutes_of_mixed_traffic(rows: l
 def test_the_batch_called_safe_survives_the_kernel_at_every_limit(rows: list[tuple]) -> None:
     for mode, mib, safe, survived, kill_batch, bound, r in rows:
         assert r["asked"]["unit"] == "process_resident"
-        assert survived, f"{mode}, {mib} MiB: the safe batch {safe} was killed ({r['returncode']}, {r['stderr'][-300:]})"
+        assert survived, (f"{mode}, {mib} MiB: the safe batch {safe} was killed "
+                          f"({r['returncode']}, {r['stderr'][-300:]})")
 
 
 def test_a_batch_far_past_the_limit_is_not_called_fitting(rows: list[tuple]) -> None:
