@@ -402,10 +402,14 @@ class BlackboxConfig:
     outlives a SIGKILL, read by the next process to start."""
     enabled: bool = _f(True, _bool, "keep this process's last seconds in a file that survives a kill, and "
                        "report the files of processes that ended without a clean shutdown")
-    # null: <temp dir>/memprof-otel-blackbox-<service_name>, a private folder per service (blackbox/service.py)
+    # null: <temp dir>/memprof-otel-blackbox-<service key>, a private folder per service (blackbox/service.py)
     dir: str | None = _f(None, _str(optional=True), "the folder of the black box files (null: a private "
                          "folder per service under the temp dir); share it between restarts (an emptyDir)")
     window: float = _f(60.0, _duration(1.0, 3600.0), "seconds of sampler ticks kept (at most 4096 ticks)")
+    keep: int = _f(16, _int(1, 10_000), "post-mortems kept per service, newest first (and the dump "
+                   "folders of its processes that are gone)")
+    keep_for: float = _f(86400.0, _duration(60.0, 365 * 86400.0), "how long a post-mortem (and a gone "
+                         "process's dump folder) is kept")
 
 
 _SECTIONS: dict[str, type] = {

@@ -237,7 +237,8 @@ METRICS: tuple[MetricDef, ...] = (
               "Time memprof_otel added to forwards (hooks plus measured slowdown of attributed forwards)",
               ("model",)),
     MetricDef("memprof_source_up", "memprof.source_up", "", "gauge",
-              "1 when the memory source answered the last sample", ("source",)),
+              "1 when the memory source answered the last sample (blackbox: 1 while the black box "
+              "records post-mortem evidence)", ("source",)),
     MetricDef("memprof_sampler_duration_seconds", "memprof.sampler.duration", "s", "gauge",
               "Time the last sampler tick took"),
     MetricDef("memprof_sampler_last_success_timestamp_seconds", "memprof.sampler.last_success_timestamp", "s",
@@ -260,8 +261,9 @@ METRICS: tuple[MetricDef, ...] = (
               "Connections to the endpoint's own server that failed, by reason: timeout, reset, broken_pipe, "
               "other (the client's side) or internal (the endpoint's own code)", ("reason",)),
     MetricDef("memprof_postmortems_total", "memprof.postmortems", "{postmortem}", "counter",
-              "Processes of this service found ended without a clean shutdown (their black box left "
-              "behind), by reason: oom_kill, killed, exited (GET /v1/postmortem)", ("reason",)),
+              "Processes of this service that ended without a clean shutdown (their black box left "
+              "behind; a graceful stop is not one), by reason: oom_kill, killed, exited; the service's "
+              "count, the same in every process (GET /v1/postmortem)", ("reason",)),
     MetricDef("memprof_dumps_total", "memprof.dumps", "{dump}", "counter",
               "Dumps attempted by format and result", ("format", "result")),
     MetricDef("memprof_layers_tracked", "memprof.layers.tracked", "{layer}", "gauge",

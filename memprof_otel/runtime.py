@@ -32,11 +32,12 @@ from .config import Config, DumpsConfig, SeriesConfig, load_config_tolerant, ser
 from .dumps.heap_session import HeapProfiler
 from .dumps.oom_recorder import OomRecorder
 from .dumps.service import DumpService
+from .dumps.store import sweep_gone
 from .export.exposition_merge import OPENMETRICS
 from .export.otel import OtelExporter
 from .export.otel_observer import OtelForwardObserver
 from .export.prometheus import make_registry, render_exposition
-from .export.worker_snapshots import SnapshotWriter
+from .export.worker_snapshots import SnapshotWriter, process_alive
 from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import renew_servers_in_child
 from .sources import mmap_threshold, registry
@@ -257,6 +258,9 @@ class Runtime:
         self.scrape.contribute("watchdog", ignoring_context(self.watchdog.series))
         self._start_snapshots(cfg, sampler)
         self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        if not cfg.dumps.dir:  # the per-process dump folders of this service's gone processes, by the same retention
+            threading.Thread(target=sweep_gone, args=(self._service_name(), cfg.blackbox.keep, cfg.blackbox.keep_for,
+                                                      process_alive), name="memprof-dump-sweep", daemon=True).start()
         if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
             mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
         sampler.add_listener(self.blackbox.on_sample)

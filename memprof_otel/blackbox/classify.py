@@ -13,7 +13,15 @@ Reasons:
 * ``exited``: its interpreter began to exit (``atexit`` ran) but the clean shutdown was never
   recorded (it hung or failed, and something ended it): evidence ``exit_started``.
 * ``killed``: none of the above: a signal ended it before any exit path ran (SIGKILL most often;
-  also an unhandled SIGTERM or a crash) or ``os._exit``: evidence ``no_exit_path``.
+  also an unhandled SIGTERM or a crash) or ``os._exit``: evidence ``no_exit_path``; where a stop
+  signal had been handled before, ``after_stop_signal`` too (the graceful stop was cut short with a
+  forward still in flight: a grace period ran out, a shutdown timeout cancelled it).
+
+Not a post-mortem: ``stopped``, a graceful stop. The process handled a stop signal (``signals.py``
+notes it: SIGTERM, SIGINT, SIGQUIT, SIGHUP through a Python handler, the server's) and no forward
+was in flight when it ended, with no out-of-memory evidence. uvicorn, for one, re-raises SIGTERM
+after its clean shutdown, so the process dies of the signal with no exit hook run. Evidence
+``stop_signal_handled``.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from .format import Contents
 
 OOM_KILL, KILLED, EXITED = "oom_kill", "killed", "exited"
 REASONS = (OOM_KILL, KILLED, EXITED)
+STOPPED = "stopped"  # a graceful stop: no post-mortem is filed
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,10 @@ def classify(c: Contents, kernel: KernelView) -> tuple[str, list[str]]:
         return OOM_KILL, evidence
     if c.state.get("exiting"):
         return EXITED, ["exit_started"]
+    if isinstance(c.state.get("stop_signal"), dict):
+        if not c.flight:
+            return STOPPED, ["stop_signal_handled"]
+        return KILLED, ["no_exit_path", "after_stop_signal"]
     return KILLED, ["no_exit_path"]
 
 

@@ -6,10 +6,19 @@ its shape, its predicted peak and its largest safe batch (the suspect and the pr
 from payload version 2 on; an older file has neither).
 
 The kernel kills for the cgroup's limit, which counts the process's memory on the host: the
-figures are the host's. What was held is the resident memory at the last tick before the forward
-in flight began; the request's own rise is the C heap's growth since then (tensors on CPU come from
-that heap); memory outside the allocator is resident memory outside the heap. A prediction made
-for a GPU forward is in the GPU's units and is left out.
+figures are the host's. What was held is the level between forwards: the resident size read when
+the forward in flight began with no other in flight (payload version 3), else the resident memory
+at the last tick before it began that fell between forwards (a tick inside the previous forward
+holds that forward's transient: requests back to back would show the room as far smaller than it
+was). Where neither is known, it is not given (a note says why), never a tick inside a forward.
+That level is then put in the limit's own terms: the cgroup counts its working set, not this
+process's resident size (it adds the page cache it holds and its other processes; it leaves out
+library pages another cgroup loaded first, which are resident here but charged there: 100 MB of
+torch's libraries on a host where they were cached already), so the difference of the two at the
+last tick before the request is added to it. The request's own rise is the C
+heap's growth since that tick (tensors on CPU come from that heap), or the resident growth since
+its start where no tick fell between forwards; memory outside the allocator is resident memory
+outside the heap. A prediction made for a GPU forward is in the GPU's units and is left out.
 """
 from __future__ import annotations
 
@@ -59,6 +68,28 @@ def start_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any] 
     return before[-1] if before else samples[0]
 
 
+def between_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any] | None:
+    """The last tick at or before ``started`` that fell between forwards (``busy`` 0). A record
+    from before ticks said so (no ``busy``) has its last tick before the start taken as before;
+    None when every tick before the start fell inside a forward."""
+    first = start_sample(samples, started)
+    if first is None or "busy" not in first:
+        return first
+    if not isinstance(started, (int, float)):
+        return next((s for s in samples if s.get("busy") == 0), None)
+    idle = [s for s in samples if s.get("busy") == 0 and isinstance(s.get("t"), (int, float)) and s["t"] <= started]
+    return idle[-1] if idle else None
+
+
+def charge_gap(s: Mapping[str, Any] | None) -> int | None:
+    """The cgroup's working set less this process's resident size at tick ``s`` (may be negative:
+    pages resident here but charged to another cgroup); None where the tick has not both."""
+    if s is None:
+        return None
+    ws, rss = _num((s.get("container") or {}).get("memory_working_set_bytes")), resident(s)
+    return ws - rss if ws is not None and rss is not None else None
+
+
 def leak_in(samples: list[dict[str, Any]]) -> LeakTrend | None:
     """The leak detector's suspect at the last tick that had one (payload version 2)."""
     for s in reversed(samples):
@@ -76,19 +107,40 @@ def leak_in(samples: list[dict[str, Any]]) -> LeakTrend | None:
 def oom_figures(c: Contents, limit_bytes: int | None) -> OomFigures:
     samples = c.samples
     req = the_request(c)
-    start = start_sample(samples, req.get("started_unix") if req else None)
+    started = req.get("started_unix") if req else None
+    start = between_sample(samples, started)
     last = samples[-1] if samples else None
-    static = resident(start) if start is not None else None
+    # the level read at a forward's start with none other in flight: the request's, else the
+    # earliest forward's still in flight (what was held before any of them began)
+    levels = [(f.get("started_unix") or 0.0, v) for f in c.flight if (v := _num(f.get("start_resident_bytes"))) is not None]
+    own = _num(req.get("start_resident_bytes")) if req is not None else None
+    level = own if own is not None else (min(levels)[1] if levels else None)
+    static = level if level is not None else (resident(start) if start is not None else None)
+    gap = charge_gap(start_sample(samples, started)) if limit_bytes is not None else None
+    if static is not None and gap is not None:
+        static = max(0, static + gap)
     rise = None
+    notes: list[str] = []
     if req is not None and start is not None and last is not None:
         h0, h1 = heap(start), heap(last)
         rise = h1 - h0 if h0 is not None and h1 is not None else None
+        notes.append("request_rise_bytes: the C heap's growth from the last tick between forwards to the last tick")
+    elif req is not None and level is not None and last is not None and resident(last) is not None:
+        rise = resident(last) - level  # type: ignore[operator]
+        notes.append("request_rise_bytes: the resident growth from the forward's start to the last tick")
+    if req is not None:
+        notes.insert(0, "static_bytes: resident memory when the forward in flight began, no other forward in flight"
+                     if level is not None else
+                     "static_bytes: resident memory at the last tick between forwards before the forward in flight began"
+                     if static is not None else
+                     "static_bytes: not known: no tick between forwards in the window and no level read at the start")
+        if static is not None and gap is not None:
+            notes.insert(1, "static_bytes: in the cgroup's terms: plus its working set less the resident size at the "
+                         "last tick before the forward began")
     host = req is not None and req.get("device", "cpu") == "cpu" and req.get("unit", "tensor") in HOST_UNITS
     features = {k: v for k, v in ((req or {}).get("features") or {}).items() if isinstance(v, int)}
     out_now = outside(last) if last is not None else None
     out_then = outside(start) if start is not None else None
-    notes = ["static_bytes: resident memory at the last tick before the forward in flight began",
-             "request_rise_bytes: the C heap's growth from that tick to the last"] if req is not None else []
     return OomFigures(
         device="cpu", limit_bytes=limit_bytes, limit="cgroup" if limit_bytes is not None else None,
         static_bytes=static, features=features,

@@ -36,9 +36,12 @@ MAGIC = b"MPBB"
 VERSION = 1            # the binary layout (header, slots): a reader refuses another
 # what the JSON payloads hold, in the identity slot: 2 adds a forward's prediction to its flight slot
 # (``device``, ``unit``, ``predicted_peak_bytes``, ``max_safe_batch``) and the leak detector's suspect
-# to a tick (``leak``). Payload keys are only ever added: a reader takes a missing key as not
-# recorded, so files of either version read alike.
-PAYLOAD_VERSION = 2
+# to a tick (``leak``); 3 adds the resident size at a forward's start when none other was in flight
+# (``start_resident_bytes``), the forwards in flight at a tick (``busy``), the stop signal the
+# process handled (state ``stop_signal``) and the service key (identity ``service_key``). Payload
+# keys are only ever added: a reader takes a missing key as not recorded, so files of any version
+# read alike.
+PAYLOAD_VERSION = 3
 HEADER = struct.Struct("<4sHHIIIIIIQ20xI")  # magic, version, 0, 4 slot sizes, 2 counts, file size, crc
 HEADER_SIZE = 64
 SLOT_HEAD = struct.Struct("<IIQ")            # payload length, crc32(seq + payload), seq

@@ -3,8 +3,9 @@
 A file is read only when it is a regular file of this user (never through a link), of a size a
 black box can have, whose header and identity decode, and whose writer no longer runs (its pid is
 free, or reused by a process with another start time). A file whose writer runs is a sibling's
-(another worker of the same service) and is left alone. Every other file is skipped and counted
-by why, never read further and never a crash. A dead process's file is claimed by renaming it
+(another worker of the same service) and is left alone; so is the file of another service sharing
+the folder (``other_service``: only a process of the service that wrote a file reads and removes
+it). Every other file is skipped and counted by why, never read further and never a crash. A dead process's file is claimed by renaming it
 (only one of several workers starting together gets it), read, and removed.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ..errors import BlackBoxFormatError
 from .format import FILE_SUFFIX, MAX_FLIGHT, MAX_SAMPLES, Contents, Layout, decode
 
 MAX_FILE_BYTES = Layout(MAX_SAMPLES, MAX_FLIGHT).size
-SKIP_REASONS = ("link", "not_a_file", "other_user", "too_large", "truncated", "corrupt", "unreadable")
+SKIP_REASONS = ("link", "not_a_file", "other_user", "other_service", "too_large", "truncated", "corrupt",
+                "unreadable")
 
 
 @dataclass
@@ -73,10 +75,16 @@ def _read_regular(path: str, uid: int, skipped: Counter[str]) -> bytes | None:
         os.close(fd)
 
 
+def service_key_of(identity: dict) -> str | None:
+    """The service a file's writer belonged to (files before the key was written name the service)."""
+    key = identity.get("service_key", identity.get("service"))
+    return key if isinstance(key, str) else None
+
+
 def scan(folder: str, own_name: str | None, alive: Callable[[int, int | None], bool],
-         uid: int | None = None, claim_suffix: str = "") -> ScanResult:
+         uid: int | None = None, claim_suffix: str = "", service_key: str | None = None) -> ScanResult:
     """Read ``folder``'s black box files other than ``own_name``; claim (rename with
-    ``claim_suffix``) and decode those of dead writers."""
+    ``claim_suffix``) and decode those of dead writers (of ``service_key`` only, when given)."""
     uid = os.geteuid() if uid is None else uid
     out = ScanResult()
     try:
@@ -96,6 +104,9 @@ def scan(folder: str, own_name: str | None, alive: Callable[[int, int | None], b
             out.skipped["truncated" if "truncated" in str(e) else "corrupt"] += 1
             continue
         ident = contents.identity
+        if service_key is not None and service_key_of(ident) != service_key:
+            out.skipped["other_service"] += 1
+            continue
         ticks = ident.get("start_ticks")
         if alive(int(ident["pid"]), ticks if isinstance(ticks, int) else None):
             out.alive += 1

@@ -4,19 +4,24 @@ processes that left theirs behind.
 The composition root hands it the sampler's ticks (``on_sample``), every instrumented model's
 forward openings and closings (``opened``/``closed``, the ``FlightListener`` of
 ``attribution/handle.py``), and asks it for its series rows and its post-mortems. ``start``
-opens the file (and, once per process, scans the folder for dead processes' files on a
-background thread); ``shutdown`` marks the process clean and removes its file.
+opens the file, notes the stop signals the process handles (``signals.py``) and, once per
+process, scans the folder for dead processes' files on a background thread, filing their
+post-mortems in the service's history (``history.py``), which every process of the service serves;
+``shutdown`` marks the process clean and removes its file.
 
-The forward path is a dictionary lookup, a clock read and a copy into the mapping under a lock;
-the layer a forward is in is written on each sampler tick and at each near-limit notification
-(which a waiting thread receives from the kernel, so the last milliseconds before an OOM kill
-say where the forward was).
+The forward path is a dictionary lookup, a clock read and a copy into the mapping under a lock
+(and, for a forward that starts with none other in flight, one read of the resident size: the
+level between forwards the cause of an OOM kill is measured from); the layer a forward is in is
+written on each sampler tick and at each near-limit notification (which a waiting thread
+receives from the kernel, so the last milliseconds before an OOM kill say where the forward was).
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -25,25 +30,43 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config import BlackboxConfig
+from ..config import DEFAULT_SERVICE_NAME, BlackboxConfig
 from ..timeline import Sample
-from . import kernel
-from .classify import REASONS, KernelView, classify, ended_unix
+from . import kernel, signals
+from .classify import REASONS, STOPPED, KernelView, classify, ended_unix
 from .figures import cause_of
 from .format import FILE_SUFFIX, FLIGHT_SLOT, PAYLOAD_VERSION, SLOT_HEAD, Contents, Layout, dumps, samples_for
+from .history import History, folder_name
 from .scan import SKIP_REASONS, scan
 from .writer import Writer
 
 log = logging.getLogger("memprof_otel")
 
-MAX_POSTMORTEMS = 64        # kept in memory for /v1/postmortem (each is also a stored dump)
+MAX_POSTMORTEMS = 64        # filed by this process, kept in memory for the advice and when the history cannot be written
 _SHAPE_CACHE = 1024         # (model, root, features, operation) payloads kept pre-encoded
 
 
-def default_dir(service_name: str, base: str | None = None) -> Path:
-    """``<temp dir>/memprof-otel-blackbox-<service_name>``: per service, not per process, so the
+def service_key(service_name: str, argv: list[str] | None = None, cwd: str | None = None) -> str:
+    """What tells this service's black boxes and post-mortems from another's: its name where one was
+    given; for a service left unnamed (``memprof-otel``), the name and a digest of the working
+    directory and the command (its program and arguments, options left out: the workers of a
+    server and its restarts share it, another program on the host does not)."""
+    if service_name != DEFAULT_SERVICE_NAME:
+        return service_name
+    args = list(sys.argv if argv is None else argv)
+    command = [os.path.basename(args[0]) if args else ""] + [a for a in args[1:] if not a.startswith("-")]
+    try:
+        where = os.getcwd() if cwd is None else cwd
+    except OSError:
+        where = ""
+    digest = hashlib.sha256("\0".join([where, *command]).encode("utf-8", "replace")).hexdigest()[:10]
+    return f"{service_name}-{digest}"
+
+
+def default_dir(service_key: str, base: str | None = None) -> Path:
+    """``<temp dir>/memprof-otel-blackbox-<service key>``: per service, not per process, so the
     next process of the service finds what the last one left."""
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in service_name)[:40] or "memprof-otel"
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in service_key)[:60] or "memprof-otel"
     return Path(base if base is not None else tempfile.gettempdir()) / f"memprof-otel-blackbox-{safe}"
 
 
@@ -89,6 +112,7 @@ def postmortem(c: Contents, reason: str, evidence: list[str]) -> dict[str, Any]:
             "in_flight": [{"model": f.get("model"), "features": f.get("features") or {}, "layer": f.get("layer", ""),
                            "operation": f.get("operation"), "started_unix": f.get("started_unix"),
                            "limit_reached": bool(f.get("limit_reached")),
+                           **({"start_resident_bytes": f["start_resident_bytes"]} if "start_resident_bytes" in f else {}),
                            **{k: f[k] for k in _PREDICTION if k in f}} for f in c.flight],
             "samples": c.samples, "torn_slots": c.torn,
             "cause": cause_of(c, reason, limit).to_dict(),
@@ -103,12 +127,13 @@ _FLIGHT_BODY_MAX = FLIGHT_SLOT - SLOT_HEAD.size
 
 class _Flight:
     __slots__ = ("model", "root", "features", "operation", "started", "state", "layer", "limit_reached", "written",
-                 "prediction", "predicted_written")
+                 "prediction", "predicted_written", "start_resident")
 
     def __init__(self, model: str, root: str, features: Mapping[str, int] | None, operation: str | None,
-                 started: float, state: Any) -> None:
+                 started: float, state: Any, start_resident: int | None = None) -> None:
         self.model, self.root, self.features, self.operation = model, root, features, operation
         self.started, self.state, self.layer, self.limit_reached = started, state, root, False
+        self.start_resident = start_resident  # the resident size at its start, when no forward was in flight
         self.written = False  # its start time is in the file (the first tick writes it)
         self.prediction: dict[str, Any] | None = None  # asked once, on a tick, outside the lock
         self.predicted_written = False
@@ -125,6 +150,8 @@ class _Flight:
     def body(self) -> bytes:
         d = {"started_unix": self.started, "model": self.model, "features": dict(self.features or {}),
              "layer": self.layer, "operation": self.operation, "limit_reached": self.limit_reached}
+        if self.start_resident is not None:
+            d["start_resident_bytes"] = self.start_resident
         if self.prediction:
             body = dumps({**d, **{k: self.prediction[k] for k in _PREDICTION if k in self.prediction}})
             if len(body) <= _FLIGHT_BODY_MAX:  # a long layer path and model name keep the slot
@@ -160,9 +187,16 @@ class BlackBox:
         self._scanned_pid: int | None = None
         self._scan_done = threading.Event()
         self._scan_done.set()
+        self._resident = kernel.Resident()
+        self._history: History | None = None
+        self._history_error: str | None = None
+        self._pending_signal: dict[str, Any] | None = None
         self.folder: Path | None = None
+        self.service_key: str | None = None
         self.disabled_reason: str | None = "not started"
-        self.postmortems: list[dict[str, Any]] = []
+        self.graceful_stops = 0  # files of processes that stopped gracefully, removed without a post-mortem
+        self.postmortems: list[dict[str, Any]] = []  # filed by this process (its advice cites the latest)
+        self._unfiled: list[dict[str, Any]] = []     # of those, the ones the history could not take
         self.counts: Counter[str] = Counter(dict.fromkeys(REASONS, 0))
         self.skipped: Counter[str] = Counter(dict.fromkeys(SKIP_REASONS, 0))
         self.flight_overflow = 0
@@ -189,19 +223,27 @@ class BlackBox:
         if not cfg.enabled:
             self.disabled_reason = "blackbox.enabled is false"
             return
-        folder = Path(cfg.dir) if cfg.dir else default_dir(service_name)
+        key = service_key(service_name)
+        folder = Path(cfg.dir) if cfg.dir else default_dir(key)
         why = _usable_dir(folder, private=not cfg.dir)
         if why is not None:
             self.disabled_reason = why
             log.warning("memprof_otel: the black box is off: %s", why)
             return
         self.folder = folder
+        self.service_key = key
+        try:
+            self._history = History(str(folder / folder_name(key)), cfg.keep, cfg.keep_for)
+            self._history_error = None
+        except OSError as e:  # post-mortems are then kept in this process only
+            self._history, self._history_error = None, f"cannot keep the history: {e.strerror or e}"
+            log.warning("memprof_otel: black box %s", self._history_error)
         pid = os.getpid()
         self._pid = pid
         ticks = kernel.start_ticks()
         self._cg = kernel.memory_cgroup()
         layout = Layout(samples_for(cfg.window, interval_s))
-        identity = {"pid": pid, "start_ticks": ticks, "uid": os.geteuid(), "service": service_name,
+        identity = {"pid": pid, "start_ticks": ticks, "uid": os.geteuid(), "service": service_name, "service_key": key,
                     "host": os.uname().nodename, "started_unix": time.time(), "interval": interval_s,
                     "window": cfg.window, "payload_version": PAYLOAD_VERSION,
                     "cgroup": self._cg.path if self._cg is not None else None,
@@ -219,6 +261,7 @@ class BlackBox:
             self._state = {}
             self._writer.write_state(self._state)
         self.disabled_reason = None
+        signals.install(self._note_signal)
         self._arm_watch()
         if self._scanned_pid != pid:
             self._scanned_pid = pid
@@ -248,7 +291,9 @@ class BlackBox:
         self._flight, self._free = [], []
         self._scan_done = threading.Event()
         self._scan_done.set()
+        self._pending_signal = None
         self.postmortems = []
+        self._unfiled = []
         self.counts = Counter(dict.fromkeys(REASONS, 0))
         self.skipped = Counter(dict.fromkeys(SKIP_REASONS, 0))
 
@@ -287,6 +332,7 @@ class BlackBox:
         w = self._writer
         if w is None:
             return -1
+        idle = len(self._free) == len(self._flight)  # no forward in flight: the level now is between forwards
         try:
             idx = self._free.pop()
         except IndexError:
@@ -301,7 +347,8 @@ class BlackBox:
             if len(self._cache) >= _SHAPE_CACHE:
                 self._cache.clear()
             self._cache[key] = slot
-        self._flight[idx] = _Flight(model, root, features, op, time.time(), state)
+        self._flight[idx] = _Flight(model, root, features, op, time.time(), state,
+                                    self._resident.read() if idle else None)
         w.open_flight(idx, slot)
         return idx
 
@@ -365,6 +412,7 @@ class BlackBox:
             leak = None
         if leak:
             extra["leak"] = dict(leak)
+        extra["busy"] = len(self._flight) - len(self._free)  # forwards in flight: 0 = a level between forwards
         body = _sample_body(s, extra)
         self._predict_flights()
         with self._lock:
@@ -372,6 +420,28 @@ class BlackBox:
             if w is not None:
                 w.write_sample(body)
                 self._refresh_flight()
+                if self._pending_signal is not None:
+                    self._write_signal()
+
+    def _note_signal(self, signum: int) -> None:
+        """A stop signal reached a Python handler (the server's), noted before that handler runs.
+        This runs on the main thread between two bytecodes of whatever it was running, which may
+        hold the lock (a forward's ``closed``): then the note waits for the next tick, never for
+        the lock."""
+        self._pending_signal = {"signum": int(signum), "name": signals.name(signum), "t": time.time()}
+        if self._lock.acquire(blocking=False):
+            try:
+                self._write_signal()
+            finally:
+                self._lock.release()
+
+    def _write_signal(self) -> None:
+        """(under the lock)"""
+        note, self._pending_signal = self._pending_signal, None
+        if note is None or self._writer is None:
+            return
+        self._state["stop_signal"] = note
+        self._writer.write_state(self._state)
 
     def _limit_event(self, kind: str, usage: int | None) -> None:
         now = time.time()
@@ -393,7 +463,10 @@ class BlackBox:
     # ---- the post-mortems ------------------------------------------------------------------------
     def _scan(self, folder: str, own: str) -> None:
         try:
-            result = scan(folder, own, kernel.alive, claim_suffix=f".claimed-{os.getpid()}")
+            if self._history is not None:
+                self._history.prune()
+            result = scan(folder, own, kernel.alive, claim_suffix=f".claimed-{os.getpid()}",
+                          service_key=self.service_key)
             self.skipped.update(result.skipped)
             if result.found:
                 self._report(result.found)
@@ -411,14 +484,18 @@ class BlackBox:
             now = kernel.oom_kills_at(cg_path, int(version)) if isinstance(cg_path, str) and version in (1, 2) else None
             view = KernelView(now, None if killed is None else int(ident["pid"]) in killed)
             reason, evidence = classify(c, view)
+            if reason == STOPPED:  # a graceful stop: its file goes, and no post-mortem is filed
+                self.graceful_stops += 1
+                log.info("memprof_otel: process %s (%s) stopped gracefully (%s handled, nothing in flight)",
+                         ident.get("pid"), ident.get("service"), (c.state.get("stop_signal") or {}).get("name"))
+                continue
             doc = postmortem(c, reason, evidence)
             models = sorted({f["model"] for f in doc["in_flight"] if isinstance(f.get("model"), str)})
             info = self._store_json(doc, "postmortem", models[0] if len(models) == 1 else "")
             if info is not None:
                 doc["dump_id"] = getattr(info, "id", None)
             self.counts[reason] += 1
-            self.postmortems.append(doc)
-            del self.postmortems[:-MAX_POSTMORTEMS]
+            self._file(doc)
             log.warning("memprof_otel: process %s (%s) ended without a clean shutdown: %s (evidence: %s); "
                         "GET /v1/postmortem", doc["pid"], ident.get("service"), reason, ", ".join(evidence))
             try:
@@ -426,10 +503,30 @@ class BlackBox:
             except Exception as e:
                 log.debug("memprof_otel: post-mortem export failed: %r", e)
 
+    def _file(self, doc: dict[str, Any]) -> None:
+        """Into the service's history (every process serves it from there); kept here when it cannot be."""
+        self.postmortems.append(doc)
+        del self.postmortems[:-MAX_POSTMORTEMS]
+        try:
+            if self._history is None:
+                raise OSError(self._history_error or "no history")
+            self._history.add(doc)
+        except OSError as e:  # a full disk, a folder removed: this process still serves it
+            self._unfiled.append(doc)
+            del self._unfiled[:-MAX_POSTMORTEMS]
+            log.warning("memprof_otel: post-mortem of process %s not kept in the history: %r", doc.get("pid"), e)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The service's post-mortems, newest first: the history's (every process's), with those this
+        process could not file there."""
+        kept = self._history.records() if self._history is not None else []
+        docs = kept + [d for d in self._unfiled if d not in kept]
+        return sorted(docs, key=lambda d: d.get("ended_unix") or 0.0, reverse=True)
+
     def last_cause(self) -> dict[str, Any] | None:
         """The cause of the latest OOM kill among the post-mortems, with when and where (the advice
         cites it); None when none was OOM-killed."""
-        killed = [d for d in self.postmortems if d.get("reason") == "oom_kill" and d.get("cause")]
+        killed = [d for d in self.records() if d.get("reason") == "oom_kill" and d.get("cause")]
         if not killed:
             return None
         doc = max(killed, key=lambda d: d.get("ended_unix") or 0.0)
@@ -441,14 +538,41 @@ class BlackBox:
     def document(self, wait_s: float = 5.0) -> dict[str, Any]:
         """The ``GET /v1/postmortem`` document (waits up to ``wait_s`` for a scan under way)."""
         self._scan_done.wait(wait_s)
-        return {"postmortems": list(self.postmortems), "skipped_files": dict(self.skipped),
-                "scanning": not self._scan_done.is_set(),
+        h = self._history
+        return {"postmortems": self.records(), "skipped_files": dict(self.skipped),
+                "graceful_stops": self.graceful_stops, "scanning": not self._scan_done.is_set(),
                 "dir": str(self.folder) if self.folder is not None else None,
+                "service_key": self.service_key,
+                "history": {"dir": h.folder, "keep": h.keep, "keep_seconds": h.keep_seconds} if h is not None
+                else {"dir": None, "error": self._history_error},
                 "recording": self._writer is not None, "disabled_reason": self.disabled_reason}
 
+    def totals(self) -> Counter[str]:
+        """The service's deaths per reason: the history's count (every process reads the same), with
+        those this process could not file there; every reason, 0 included."""
+        out = Counter(dict.fromkeys(REASONS, 0))
+        if self._history is not None:
+            out.update(self._history.counts())
+        out.update(Counter(str(d.get("reason")) for d in self._unfiled))
+        return out
+
+    def source_status(self) -> dict[str, Any] | None:
+        """This black box as a source of ``/v1/status`` (None when switched off by its setting)."""
+        if self._key is None or not self._key[0].enabled:
+            return None
+        up = self._writer is not None
+        return {"up": up, "errors": 0 if up else 1, "last_error": None if up else self.disabled_reason}
+
     def series(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        # every reason, 0 included; the fleet set leaves the zeros out (export/fleet_families.py)
-        return {"memprof_postmortems_total": [({"reason": r}, float(n)) for r, n in sorted(self.counts.items())]}
+        # every reason, 0 included; the fleet set leaves the zeros out (export/fleet_families.py).
+        # The count is the service's, the same in every worker: a merged exposition keeps one copy
+        # (export/exposition_merge.py SERVICE_WIDE)
+        out: dict[str, list[tuple[dict[str, str], float]]] = {
+            "memprof_postmortems_total": [({"reason": r}, float(n)) for r, n in sorted(self.totals().items())]}
+        status = self.source_status()  # None: switched off by its setting, no series to alert on
+        if status is not None:
+            out["memprof_source_up"] = [({"source": "blackbox"}, 1.0 if status["up"] else 0.0)]
+        return out
 
 
 def span_attributes(doc: Mapping[str, Any]) -> dict[str, Any]:

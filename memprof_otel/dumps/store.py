@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import stat
 import tempfile
 import threading
@@ -95,6 +96,42 @@ def default_dir(service_name: str, pid: int | str, base: str | None = None) -> P
     the temp dir, so no shared parent folder has to belong to one user."""
     return Path(base if base is not None else tempfile.gettempdir()) / \
         f"memprof-otel-dumps-{sanitize_model(service_name) or 'memprof-otel'}-{pid}"
+
+
+def sweep_gone(service_name: str, keep: int, keep_seconds: float, alive: Callable[[int], bool],
+               base: str | None = None, now: float | None = None) -> list[str]:
+    """Remove the default dump folders (``default_dir``) of this service's processes that are gone:
+    all but the ``keep`` newest, and any untouched for ``keep_seconds`` (the black box's retention,
+    ``blackbox.keep``/``keep_for``), so a crash loop's per-process folders do not pile up in the
+    temp dir. A folder whose pid runs now is left alone (a worker, or a reused pid: either way not
+    known to be gone), and so is one that is not this user's plain folder. The folders removed."""
+    root = Path(base if base is not None else tempfile.gettempdir())
+    prefix = f"memprof-otel-dumps-{sanitize_model(service_name) or 'memprof-otel'}-"
+    now = time.time() if now is None else now
+    gone: list[tuple[float, Path]] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    for name in names:
+        pid = name[len(prefix):]
+        if not name.startswith(prefix) or not pid.isdigit() or int(pid) == os.getpid() or alive(int(pid)):
+            continue
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        gone.append((st.st_mtime, path))
+    gone.sort(reverse=True)
+    removed = []
+    for i, (mtime, path) in enumerate(gone):
+        if i >= keep or now - mtime > keep_seconds:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 class _Written:

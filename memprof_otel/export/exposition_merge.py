@@ -29,6 +29,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 WORKER_LABEL = "worker"
+# families whose figures are the service's, not one worker's: every worker serves the same value
+# (the post-mortem count comes from the service's history on disk), so the merge keeps one copy,
+# without a worker label, where a copy per worker would count each death once per worker
+SERVICE_WIDE = frozenset({"memprof_postmortems"})
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 _EOF = "# EOF"
 
@@ -86,14 +90,20 @@ def _label_value(v: str) -> str:
     return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def merge_expositions(texts: Mapping[str, str]) -> Merged:
+def merge_expositions(texts: Mapping[str, str], own: str | None = None,
+                      service_wide: frozenset[str] = SERVICE_WIDE) -> Merged:
     """One family per name over every worker's OpenMetrics text (``{worker: text}``), each sample
     labelled ``worker=<key>``. A text that is not whole is left out whole (no half a worker); the
     first worker to show a family gives its header; a family of another type under the same name
-    (another version) is left out for that worker."""
+    (another version) is left out for that worker. A ``service_wide`` family is taken from one
+    worker only (``own``, the answering one, when its text is whole), unlabelled."""
     unreadable: list[str] = []
     merged: dict[str, _Family] = {}
-    for worker in sorted(texts, key=_numeric_first):
+    order = sorted(texts, key=_numeric_first)
+    if own in texts:
+        order.remove(own)
+        order.insert(0, own)
+    for worker in order:
         fams = _families(texts[worker])
         if fams is None:
             unreadable.append(worker)
@@ -103,7 +113,10 @@ def merge_expositions(texts: Mapping[str, str]) -> Merged:
             into = merged.get(name)
             if into is None:
                 into = merged[name] = _Family(fam.header, fam.kind)
-            elif into.kind != fam.kind:
+                if name in service_wide:
+                    into.samples.extend(fam.samples)
+                    continue
+            elif into.kind != fam.kind or name in service_wide:
                 continue
             into.samples.extend(_labelled(s, label) for s in fam.samples)
     return Merged(_join(merged.values()), unreadable)

@@ -110,7 +110,7 @@ def render_all_workers(own: bytes, folder: str, stale_after_s: float, accept: st
         rate_limited.warning("worker-snapshots", "memprof_otel: cannot read %s: %r", folder, e)
         texts = {}
     texts[str(me)] = own.decode("utf-8")
-    merged = merge_expositions(texts)
+    merged = merge_expositions(texts, own=str(me))
     for worker in merged.unreadable:
         on_error("prometheus")
         rate_limited.warning("worker-snapshot-" + worker, "memprof_otel: worker %s's series file in %s "

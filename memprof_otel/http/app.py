@@ -432,6 +432,9 @@ class Endpoint:
         sources = dict(health.get("sources", {}))
         for name, reason in registry.down_reasons().items():
             sources[name] = {"up": False, "errors": 0, "last_error": reason}
+        bb = self.rt.blackbox.source_status()  # the same view as memprof_source_up{source="blackbox"}
+        if bb is not None:
+            sources["blackbox"] = bb
         cfg = self.rt.config
         return json_response(200, {
             "version": __version__, "torch_version": self.rt.scrape.self_view().torch_version,

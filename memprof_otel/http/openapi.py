@@ -252,7 +252,7 @@ def _schemas() -> dict[str, Any]:
                     "reason": {"type": "string", "enum": ["oom_kill", "killed", "exited"]},
                     "evidence": {"type": "array", "items": {"type": "string", "enum": [
                         "kernel_log", "oom_kill_counter", "oom_event", "limit_reached", "exit_started",
-                        "no_exit_path"]}},
+                        "no_exit_path", "after_stop_signal"]}},
                     "ended_unix": {"type": ["number", "null"]},
                     "started_unix": {"type": ["number", "null"]},
                     "service": {"type": ["string", "null"]},
@@ -266,7 +266,8 @@ def _schemas() -> dict[str, Any]:
                             "layer": {"type": "string"}, "operation": {"type": ["string", "null"]},
                             "started_unix": {"type": ["number", "null"]}, "limit_reached": {"type": "boolean"},
                             "device": {"type": "string"}, "unit": {"type": "string"},
-                            "predicted_peak_bytes": {"type": "integer"}, "max_safe_batch": {"type": "integer"}}}},
+                            "predicted_peak_bytes": {"type": "integer"}, "max_safe_batch": {"type": "integer"},
+                            "start_resident_bytes": {"type": "integer"}}}},
                     "samples": {"type": "array", "items": {"type": "object", "required": ["t"],
                                                            "properties": {"t": {"type": "number"}}}},
                     "torn_slots": {"type": "integer"},
@@ -275,8 +276,13 @@ def _schemas() -> dict[str, Any]:
                     "window_seconds": {"type": ["number", "null"]},
                     "dump_id": {"type": ["string", "null"]}}}},
             "skipped_files": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "graceful_stops": {"type": "integer"},
             "scanning": {"type": "boolean"}, "recording": {"type": "boolean"},
-            "dir": {"type": ["string", "null"]}, "disabled_reason": {"type": ["string", "null"]}}},
+            "dir": {"type": ["string", "null"]}, "service_key": {"type": ["string", "null"]},
+            "history": {"type": "object", "properties": {
+                "dir": {"type": ["string", "null"]}, "keep": {"type": "integer"}, "keep_seconds": {"type": "number"},
+                "error": {"type": ["string", "null"]}}},
+            "disabled_reason": {"type": ["string", "null"]}}},
         "Leaks": {"type": "object", "required": ["enabled", "suspects", "series", "top_surviving_layers",
                                                  "survivor_tables", "params"], "properties": {
             "enabled": {"type": "boolean"},

@@ -52,3 +52,17 @@ def test_the_end_is_the_last_moment_the_record_shows():
     c = _c({"near_limit": {"t": 105.5, "above": True}}, [FLIGHT], [{"t": 104.0}, {"t": 105.0}])
     assert ended_unix(c) == 105.5
     assert ended_unix(_c()) is None
+
+
+SIGTERM_NOTED = {"stop_signal": {"signum": 15, "name": "SIGTERM", "t": 50.0}}
+
+
+def test_a_handled_stop_signal_with_nothing_in_flight_is_a_graceful_stop_not_a_post_mortem():
+    assert classify(_c(SIGTERM_NOTED), KernelView()) == ("stopped", ["stop_signal_handled"])
+    # a forward still in flight when it died: the graceful stop was cut short (a grace period ran out)
+    assert classify(_c(SIGTERM_NOTED, [{**FLIGHT, "limit_reached": False}]), KernelView()) == \
+        ("killed", ["no_exit_path", "after_stop_signal"])
+    # the OOM killer's evidence comes first, whatever was handled before
+    assert classify(_c(SIGTERM_NOTED), KernelView(kernel_log_kill=True)) == ("oom_kill", ["kernel_log"])
+    # an exit that began after the signal and never finished is still ``exited``
+    assert classify(_c({**SIGTERM_NOTED, "exiting": True}), KernelView()) == ("exited", ["exit_started"])

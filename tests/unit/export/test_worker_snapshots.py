@@ -107,6 +107,22 @@ def test_merge_leaves_out_a_damaged_worker_whole_and_says_which() -> None:
     assert b'worker="2"' not in body and b'worker="1"' in body
 
 
+def test_the_services_own_figures_are_merged_once_from_the_answering_worker_without_a_worker_label() -> None:
+    # GIVEN two workers that both serve the service's post-mortem count (read from its history)
+    pm = ("# HELP memprof_postmortems Deaths.\n# TYPE memprof_postmortems counter\n"
+          'memprof_postmortems_total{{reason="killed"}} {v}\n')
+    w1 = W1.replace("# EOF\n", pm.format(v="1.0") + "# EOF\n")
+    w2 = W2.replace("# EOF\n", pm.format(v="2.0") + "# EOF\n")
+    # WHEN worker 9 answers the scrape
+    merged = merge_expositions({"3": w1, "9": w2}, own="9")
+    fams = {f.name: f for f in om_parse(merged.text)}
+    # THEN the count is there once, the answering worker's, unlabelled; a sum over it counts each death once
+    assert [(s.name, s.labels, s.value) for s in fams["memprof_postmortems"].samples] == \
+        [("memprof_postmortems_total", {"reason": "killed"}, 2.0)]
+    # AND every other family still has one sample per worker
+    assert {s.labels["worker"] for s in fams["memprof_process_resident_memory_bytes"].samples} == {"3", "9"}
+
+
 def test_read_live_drops_and_removes_dead_and_stale_files(tmp_path: Path) -> None:
     folder = str(tmp_path)
     for pid in (101, 102, 103, 104):
