@@ -118,3 +118,21 @@ def error_detail(r: httpx.Response, status: int, error: str) -> str:
     body = r.json()
     assert set(body) == {"error", "detail"} and body["error"] == error and body["detail"], body
     return body["detail"]
+
+
+# The next process of a service, as a restart starts it: it starts monitoring (which scans the black
+# box folder), waits for the scan, and prints GET /v1/postmortem's document
+_NEXT_PROCESS = ("import json, memprof_otel as mp\n"
+                 "from memprof_otel.runtime import runtime\n"
+                 "mp.start_monitoring()\n"
+                 "print(json.dumps(runtime().blackbox.document(30.0)))\n"
+                 "mp.shutdown()\n")
+
+
+def next_process_postmortems(python: str, env: dict[str, str], cwd: str | None = None) -> dict[str, Any]:
+    """What the next process of the service (same ``env``: its name and black box folder) serves."""
+    import json
+    import subprocess
+    out = subprocess.run([python, "-c", _NEXT_PROCESS], env=env, cwd=cwd, capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])

@@ -31,7 +31,10 @@ LIMIT = 700 << 20
 
 def _env(folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
-    env.update(MEMPROF_OTEL_BLACKBOX_DIR=str(folder), MEMPROF_OTEL_BLACKBOX_WINDOW=str(WINDOW_S),
+    # one service: the victims and the reader run different commands, so an unnamed service's key
+    # (a digest of the command) would tell them apart
+    env.update(MEMPROF_OTEL_SERVICE_NAME="bb-victims", MEMPROF_OTEL_BLACKBOX_DIR=str(folder),
+               MEMPROF_OTEL_BLACKBOX_WINDOW=str(WINDOW_S),
                OTEL_SDK_DISABLED="true", PYTHONUNBUFFERED="1")
     return env
 
@@ -98,17 +101,31 @@ def _check_flight(pm: dict) -> None:
 
 
 def _figures_by_hand(pm: dict) -> dict:
-    """The cause's figures computed here from the record's own ticks: what was held at the last tick
-    before the forward in flight began, the C heap's growth since, resident memory outside the heap."""
+    """The cause's figures computed here from the record's own ticks: what was held when the forward
+    in flight began (the resident size read at its start, else at the last tick between forwards
+    before it), in the cgroup's terms (plus its working set less the resident size at the last tick
+    before the start), the C heap's growth since that tick, resident memory outside the heap."""
     samples, flight = pm["samples"], pm["in_flight"][0]
-    start = ([s for s in samples if s["t"] <= flight["started_unix"]] or samples[:1])[-1]
+    before = [s for s in samples if s["t"] <= flight["started_unix"]] or samples[:1]
+    idle = [s for s in before if s.get("busy", 0) == 0]
     last = samples[-1]
 
     def heap(s: dict) -> int | None:
         return (s.get("allocators") or {}).get("cpu", {}).get("allocated_bytes")
 
-    rss0, rss1 = start["process"]["resident_memory_bytes"], last["process"]["resident_memory_bytes"]
-    out = {"static_bytes": int(rss0), "room_bytes": int(LIMIT - rss0)}
+    rss1 = last["process"]["resident_memory_bytes"]
+    if not idle:  # every tick fell inside a forward: the level read at the start alone
+        level = flight["start_resident_bytes"]
+        ws = (before[-1].get("container") or {}).get("memory_working_set_bytes")
+        static = level if ws is None else max(0, level + ws - before[-1]["process"]["resident_memory_bytes"])
+        return {"static_bytes": int(static), "room_bytes": int(LIMIT - static), "request_rise_bytes": int(rss1 - level)}
+    start = idle[-1]
+    rss0 = start["process"]["resident_memory_bytes"]
+    static = flight.get("start_resident_bytes", rss0)
+    ws = (before[-1].get("container") or {}).get("memory_working_set_bytes")
+    if ws is not None:
+        static = max(0, static + ws - before[-1]["process"]["resident_memory_bytes"])
+    out = {"static_bytes": int(static), "room_bytes": int(LIMIT - static)}
     if heap(start) is not None and heap(last) is not None:
         out["request_rise_bytes"] = int(heap(last) - heap(start))
         out["outside_growth_bytes"] = int(max(0, rss1 - heap(last)) - max(0, rss0 - heap(start)))
@@ -152,7 +169,7 @@ def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_pat
         assert _oom_kills(cg) >= 1  # the kernel's own count: it was the OOM killer
     finally:
         _remove_cgroup(cg)  # gone before the next process looks, as in a container restart
-    left = sorted(x.name for x in folder.iterdir())
+    left = sorted(x.name for x in folder.iterdir() if x.name.endswith(".mpbb"))
     assert left == sorted([n for n in left if n.startswith((f"{killed_pid}-", f"{oom_pid}-"))]) and len(left) == 2
 
     r = subprocess.Popen([sys.executable, "-m", "tests.integration.blackbox_child", "reader"],

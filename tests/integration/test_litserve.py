@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from tests.integration.demo_process import REPO
+from tests.integration.helpers import next_process_postmortems
 from tests.integration.prom_server import free_port, running_prometheus
 from tests.schemas import validate_speedscope
 
@@ -120,7 +121,8 @@ def test_litserve_two_workers_one_target_per_layer_series_a_dump_and_a_clean_sig
     app, memprof = f"http://127.0.0.1:{app_port}", f"http://127.0.0.1:{port}"
     dumps_dir = tmp_path / "dumps"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MEMPROF_OTEL_", "OTEL_"))}
-    env.update({"PYTHONPATH": str(REPO), "MEMPROF_OTEL_SAMPLER_INTERVAL": "0.5s", "PYTHONUNBUFFERED": "1"})
+    env.update({"PYTHONPATH": str(REPO), "MEMPROF_OTEL_SAMPLER_INTERVAL": "0.5s", "PYTHONUNBUFFERED": "1",
+                "MEMPROF_OTEL_SERVICE_NAME": "litserve-embeddings", "MEMPROF_OTEL_BLACKBOX_DIR": str(tmp_path / "bb")})
     cmd = [str(LITSERVE_PYTHON), str(EXAMPLE), "--port", str(app_port), "--memprof-port", str(port),
            "--workers", "2", "--threads", "1", "--snapshot-dir", str(tmp_path / "snapshots"),
            "--dumps-dir", str(dumps_dir)]
@@ -216,6 +218,10 @@ def test_litserve_two_workers_one_target_per_layer_series_a_dump_and_a_clean_sig
             time.sleep(0.2)
         assert not _group_alive(proc.pid), _group_alive(proc.pid)
         assert "Traceback" not in log.read_text(), log.read_text()
+        # AND the next process of the service files no post-mortem: the stop was graceful, whatever
+        # the workers' server did with the signal after its shutdown
+        doc = next_process_postmortems(str(LITSERVE_PYTHON), env, str(REPO))
+        assert doc["recording"] and doc["postmortems"] == [], doc["postmortems"]
     finally:
         if traffic is not None:
             traffic.stop_event.set()

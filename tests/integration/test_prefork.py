@@ -26,6 +26,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 import memprof_otel as mp
+from memprof_otel.export.exposition_merge import SERVICE_WIDE
 from memprof_otel.http.app import Request
 from memprof_otel.metric_names import BY_PROM
 from memprof_otel.runtime import runtime
@@ -227,13 +228,18 @@ def test_single_port_scrape_of_a_real_runtime_is_each_workers_exposition_labelle
     om = ep.handle(Request("GET", "/metrics", headers={"accept": OPENMETRICS})).body.decode()
     text = ep.handle(Request("GET", "/metrics", headers={})).body.decode()
 
-    # THEN it is the sibling's exposition and this process's, each sample labelled with its pid
+    # THEN it is the sibling's exposition and this process's, each sample labelled with its pid,
+    # but for the service's own figures (the post-mortem count), served once without a worker
     got = _om_samples(om)
+    shared = {x for x in got if x[0] in SERVICE_WIDE}
+    assert {x[0] for x in shared} == {"memprof_postmortems"}
+    assert all("worker" not in dict(x[4]) for x in shared)
+    assert {dict(x[4])["reason"] for x in shared if x[3].endswith("_total")} == {"oom_kill", "killed", "exited"}
     sibling_part = {x for x in got if ("worker", str(sibling.pid)) in x[4]}
-    assert sibling_part == _om_samples(copied.decode(), str(sibling.pid))
+    assert sibling_part == {x for x in _om_samples(copied.decode(), str(sibling.pid)) if x[0] not in SERVICE_WIDE}
     mine = {x for x in got if ("worker", str(os.getpid())) in x[4]}
     assert {x[0] for x in mine} == {x[0] for x in sibling_part}  # the same families
-    assert len(got) == len(mine) + len(sibling_part)  # every sample has one of the two workers
+    assert len(got) == len(mine) + len(sibling_part) + len(shared)  # every other sample has one of the two workers
     layer = {x for x in mine if x[0] == "memprof_layer_peak_increase_bytes"}
     assert {dict(x[4])["layer"] for x in layer} >= {"0", "2"}, layer
     # AND the text format says the same in its own syntax

@@ -40,8 +40,8 @@ pytestmark = pytest.mark.timeout(120)
 HEX = "5e5e5e5e-0000-4000-8000-000000000005"
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 # 101 before the memory breakdown (counted at its merge); it adds 8 cpu and 6 cuda:0 series; the
-# memory model's memprof_capacity_model_ready one a model
-FLEET_LIMIT = 116
+# memory model's memprof_capacity_model_ready one a model; memprof_source_up{source="blackbox"} one
+FLEET_LIMIT = 117
 OPERATION_FAMILIES = ("memprof_operation_duration_seconds", "memprof_operation_memory_peak_bytes",
                       "memprof_operation_memory_peak_increase_bytes")
 
