@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # types only: the layers below attribution that a handle carr
     from ..capacity.service import Capacity
     from ..config import Config
     from ..dumps.capture import Capture
+    from .measure_window import MeasureWindow
     from ..sources.survivors import SurvivorTable
 
 ProcessHistory = Callable[[], tuple[list[Sample], list[OperationRecord]]]
@@ -88,6 +89,9 @@ class ModelHandle(Protocol):
     def layer_forward_totals(self) -> dict[str, tuple[float, int]]: ...
     def headroom(self, **features: int) -> dict[str, Any]: ...
     def capture(self, forwards: int = 1) -> Capture: ...
+    def measure_window(self, forwards: int) -> MeasureWindow:
+        """Attribute every model forward, kept per shape, until ``forwards`` were kept (a live baseline)."""
+    def end_window(self, win: MeasureWindow) -> None: ...
     def status(self) -> dict[str, Any]:
         """Its line in ``GET /v1/status``: device, layers, paused, forwards, attributed forwards,
         attribution seconds, hook and forward errors."""

@@ -33,6 +33,7 @@ from . import registry as live
 from .forward_state import ForwardState, event_capacity, event_dict
 from . import layer_structure
 from .handle import FlightListener, ForwardObserver, ProcessHistory
+from .measure_window import MeasureWindow
 from .peaks import LayerCall
 from .scheduler import AttributionScheduler
 from .stats import LayerAccumulator, LayerMemoryStats
@@ -119,6 +120,7 @@ class Instrumentation:
         self.current_operation: Callable[[], str | None] = _no_operation
         self._capture: Capture | None = None
         self.last_capture: Capture | None = None
+        self._window: MeasureWindow | None = None  # a measuring window for a live baseline, while open
         # the memory model: each measured forward's shape and root peak (docs/capacity.md)
         self.capacity: Capacity | None = (Capacity(config.capacity, shape_of)
                                           if config.capacity.enabled else None)
@@ -423,6 +425,27 @@ class Instrumentation:
             self.last_capture = cap
         return cap
 
+    def measure_window(self, forwards: int) -> MeasureWindow:
+        """Open a measuring window (``measure_window.py``): every model forward is attributed, and kept
+        per shape, until ``forwards`` were kept or ``end_window`` closes it. One at a time."""
+        if self._closed:
+            raise InstrumentationError(f"{self.name!r} is uninstrumented; instrument it again to measure it")
+        win = MeasureWindow(self.name, forwards)
+        with live.LOCK:
+            current = self._window
+            if current is not None and current.open:
+                raise CaptureBusy(f"a measuring window of {self.name!r} is open ({current.kept}/{current.forwards} "
+                                  "forwards)")
+            self._window = win
+        return win
+
+    def end_window(self, win: MeasureWindow) -> None:
+        """Close ``win``: the forwards after it are attributed as the scheduler says again."""
+        win.close()
+        with live.LOCK:
+            if self._window is win:
+                self._window = None
+
     def export_speedscope(self, path: str) -> None:
         """Write the last capture as a speedscope file."""
         if self.last_capture is None or self.last_capture.completed == 0:
@@ -469,10 +492,13 @@ class Instrumentation:
         forward's shape is read for the memory model (a layer's own shapes are not the model's).
         ``opener``: what the adapter knows the opening call by (torch's module, Keras' layer id)."""
         cap = self._capture
+        win = self._window
         tls.shape = None
         shape_read = False
         if cap is not None and cap.claim():
             self._begin_attributed(opener, path, t, cap, compiled)
+        elif win is not None and not path and win.open:  # a measuring window takes every model forward
+            self._begin_attributed(opener, path, t, None, compiled)
         elif self.scheduler.should_attribute():
             self._begin_attributed(opener, path, t, None, compiled)
         elif not path and self.capacity is not None and self.scheduler.may_learn():
@@ -532,6 +558,9 @@ class Instrumentation:
             return
         self._stats.merge(calls, baseline=state.baseline)
         self._windows.merge(calls, state.baseline, t)
+        win = self._window
+        if win is not None and not state.root_path:  # a model forward (not a submodule's) in a measuring window
+            win.add(shape, calls, raised)
         if shape and not raised and self.capacity is not None:
             root = next((c for c in reversed(calls) if c[0] == state.root_path), None)
             if root is not None:  # the opener's own call: the forward's peak above its entry level

@@ -5,12 +5,12 @@ but reading and writing the baseline file).
 rename matching), ``diff`` two baselines compared against thresholds, ``render`` the diff as a text
 table or markdown, ``from_layers`` a baseline from the ``GET /v1/layers`` document of an endpoint.
 """
-from .diff import BaselineDiff, FigureChange, Thresholds, diff
-from .from_layers import from_layers_document
+from .diff import BaselineDiff, FigureChange, Thresholds, diff, parse_fail_above
+from .from_layers import from_layers_document, from_shapes
 from .schema import (FIGURES, SCHEMA, SCHEMA_VERSION, Baseline, BaselineError, LayerBaseline, from_dict, load,
                      loads, save)
 from .structure import fingerprint
 
 __all__ = ["FIGURES", "SCHEMA", "SCHEMA_VERSION", "Baseline", "BaselineDiff", "BaselineError", "FigureChange",
-           "LayerBaseline", "Thresholds", "diff", "fingerprint", "from_dict", "from_layers_document", "load",
-           "loads", "save"]
+           "LayerBaseline", "Thresholds", "diff", "fingerprint", "from_dict", "from_layers_document", "from_shapes", "load",
+           "loads", "parse_fail_above", "save"]

@@ -6,6 +6,13 @@ threshold (``fail_above``, 0.02 for 2 %) and by more than the absolute one (``fa
 both where both are set, so that 128 B -> 256 B (+100 %) does not fail a job asking for 2 % and
 64 KiB. A layer added or removed is listed and fails nothing by itself: the root layer (``""``, the
 whole forward) carries what it does to memory. Pure: baselines in, a ``BaselineDiff`` out.
+
+Where both baselines hold figures per input shape (``shapes``: a live endpoint's measuring window),
+like is compared with like: a figure only with the same figure on the same shape, its median over
+that shape's forwards. A change is one beyond the noise, the larger of the two sides' spreads over
+repeat forwards of that shape, and the thresholds apply to what lies beyond it. A shape only one
+side measured is listed, never judged; a shape with fewer than ``MIN_FORWARDS`` forwards on either
+side has no known noise, and its figures are named unknown, not changed.
 """
 from __future__ import annotations
 
@@ -13,7 +20,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .schema import BYTE_FIGURES, FIGURES, Baseline, LayerBaseline
+from .shapes import MIN_FORWARDS, ShapeFigures
 from .structure import match_renames, subtrees
+
+
+def parse_fail_above(value: object, name: str = "fail_above") -> float:
+    """A relative threshold as users write it, ``"2%"``, to the fraction the diff uses (0.02). Only the
+    form with ``%`` is taken: a bare 0.02 is 2 % to some readers and 0.02 % to others, so it is
+    refused (``ValueError`` with one line saying how to write it)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        raw = value.strip()[:-1].strip()
+        try:
+            pct = float(raw)
+        except ValueError:
+            pct = float("nan")
+        if pct == pct and 0 <= pct < float("inf"):
+            return pct / 100.0
+        raise ValueError(f"{name} {value!r}: expected a percentage >= 0, e.g. 2% or 0.5%")
+    raise ValueError(f"{name} {value!r}: write it as a percentage with its sign, e.g. '2%' "
+                     "(a bare number is refused: 0.02 could mean 2 % or 0.02 %)")
 
 
 @dataclass(frozen=True)
@@ -27,10 +52,11 @@ class Thresholds:
     def any(self) -> bool:
         return self.fail_above is not None or self.fail_above_bytes is not None
 
-    def exceeded(self, old: int, new: int) -> bool:
-        if not self.any or new <= old:
+    def exceeded(self, old: int, new: int, noise: int = 0) -> bool:
+        """``new`` grew past the thresholds, counting only what lies beyond ``noise``."""
+        if not self.any or new - old <= noise:
             return False
-        delta = new - old
+        delta = new - old - noise
         if self.fail_above_bytes is not None and delta <= self.fail_above_bytes:
             return False
         if self.fail_above is not None and old > 0 and delta <= self.fail_above * old:
@@ -48,6 +74,8 @@ class FigureChange:
     old: int
     new: int
     exceeds: bool = False
+    shape: str | None = None   # the input shape it was measured on (per-shape baselines), else None
+    noise: int = 0             # the spread of repeat forwards of that shape, the larger side's
 
     @property
     def delta(self) -> int:
@@ -59,7 +87,8 @@ class FigureChange:
 
     def to_dict(self) -> dict[str, Any]:
         return {"layer": self.layer, "old_layer": self.old_layer, "figure": self.figure, "old": self.old,
-                "new": self.new, "delta": self.delta, "relative": self.relative, "exceeds": self.exceeds}
+                "new": self.new, "delta": self.delta, "relative": self.relative, "exceeds": self.exceeds,
+                "shape": self.shape, "noise": self.noise}
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,11 @@ class BaselineDiff:
     inputs: dict[str, tuple[str | None, str | None]]       # input -> (old, new), only those that differ
     structure_changed: bool                    # the fingerprints differ
     thresholds: Thresholds = field(default_factory=Thresholds)
+    per_shape: bool = False                    # compared shape by shape (both sides kept shapes)
+    shapes_compared: tuple[str, ...] = ()      # the shapes both sides measured enough
+    shapes_only_old: tuple[str, ...] = ()      # measured on one side only: listed, never judged
+    shapes_only_new: tuple[str, ...] = ()
+    shapes_too_few: tuple[tuple[str, int, int], ...] = ()  # (shape, old forwards, new forwards): unknown
 
     @property
     def failures(self) -> tuple[FigureChange, ...]:
@@ -96,6 +130,12 @@ class BaselineDiff:
             "environment": {k: {"old": o, "new": n} for k, (o, n) in self.environment.items()},
             "inputs": {k: {"old": o, "new": n} for k, (o, n) in self.inputs.items()},
             "structure_changed": self.structure_changed,
+            "per_shape": self.per_shape,
+            "shapes": {"compared": list(self.shapes_compared), "only_old": list(self.shapes_only_old),
+                       "only_new": list(self.shapes_only_new),
+                       "too_few_forwards": [{"shape": k, "old_forwards": a, "new_forwards": b}
+                                            for k, a, b in self.shapes_too_few],
+                       "min_forwards": MIN_FORWARDS},
         }
 
 
@@ -120,13 +160,26 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
                             subtrees({lay.path: lay.signature for lay in new.layers}))
     pairs = [(p, p) for p in old_paths if p in new_paths] + renamed
     changes: list[FigureChange] = []
-    for old_path, new_path in pairs:
-        a, b = old.layer(old_path), new.layer(new_path)
-        assert a is not None and b is not None
-        for f in FIGURES:
-            if a.figure(f) != b.figure(f):
-                exceeds = f in BYTE_FIGURES and limits.exceeded(a.figure(f), b.figure(f))
-                changes.append(FigureChange(new_path, old_path, f, a.figure(f), b.figure(f), exceeds))
+    per_shape = bool(old.shapes) and bool(new.shapes)
+    compared: list[str] = []
+    too_few: list[tuple[str, int, int]] = []
+    olds, news = {s.key: s for s in old.shapes}, {s.key: s for s in new.shapes}
+    if per_shape:
+        for key in [k for k in olds if k in news]:
+            a_s, b_s = olds[key], news[key]
+            if min(a_s.forwards, b_s.forwards) < MIN_FORWARDS:
+                too_few.append((key, a_s.forwards, b_s.forwards))
+                continue
+            compared.append(key)
+            changes.extend(_shape_changes(a_s, b_s, pairs, limits))
+    else:
+        for old_path, new_path in pairs:
+            a, b = old.layer(old_path), new.layer(new_path)
+            assert a is not None and b is not None
+            for f in FIGURES:
+                if a.figure(f) != b.figure(f):
+                    exceeds = f in BYTE_FIGURES and limits.exceeded(a.figure(f), b.figure(f))
+                    changes.append(FigureChange(new_path, old_path, f, a.figure(f), b.figure(f), exceeds))
     gone = {o for o, _ in renamed}
     came = {n for _, n in renamed}
     return BaselineDiff(
@@ -136,4 +189,25 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
         renamed=tuple(renamed),
         environment=_differing(dict(old.environment), dict(new.environment)),
         inputs=_differing(dict(old.inputs), dict(new.inputs)),
-        structure_changed=old.fingerprint != new.fingerprint, thresholds=limits)
+        structure_changed=old.fingerprint != new.fingerprint, thresholds=limits, per_shape=per_shape,
+        shapes_compared=tuple(compared),
+        shapes_only_old=tuple(k for k in olds if k not in news) if per_shape else (),
+        shapes_only_new=tuple(k for k in news if k not in olds) if per_shape else (),
+        shapes_too_few=tuple(too_few))
+
+
+def _shape_changes(a: ShapeFigures, b: ShapeFigures, pairs: list[tuple[str, str]],
+                   limits: Thresholds) -> list[FigureChange]:
+    """The figures of one shape that moved beyond the noise of its repeat forwards."""
+    out = []
+    for old_path, new_path in pairs:
+        fa, fb = a.median.get(old_path), b.median.get(new_path)
+        if fa is None or fb is None:
+            continue
+        sa, sb = a.spread.get(old_path, {}), b.spread.get(new_path, {})
+        for f in FIGURES:
+            noise = max(sa.get(f, 0), sb.get(f, 0))
+            if abs(fb[f] - fa[f]) > noise:
+                exceeds = f in BYTE_FIGURES and limits.exceeded(fa[f], fb[f], noise)
+                out.append(FigureChange(new_path, old_path, f, fa[f], fb[f], exceeds, a.key, noise))
+    return out

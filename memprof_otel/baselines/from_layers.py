@@ -2,10 +2,11 @@
 or the ``GET /v1/layers`` document an endpoint serves (``memprof-otel baseline save``). Pure."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .schema import Baseline, BaselineError, LayerBaseline
+from .schema import FIGURES, Baseline, BaselineError, LayerBaseline
+from .shapes import ShapeFigures
 from .structure import fingerprint
 
 # LayerMemoryStats field -> baseline figure
@@ -71,3 +72,18 @@ def from_layers_document(doc: Any, model: str | None, *, inputs: Mapping[str, st
     forwards = int(root.get("calls", 0)) if isinstance(root, dict) else 0
     return build(model, entry["layers"], sigs if isinstance(sigs, dict) else {}, inputs=inputs, environment=env,
                  source="endpoint", forwards=forwards, where=f"/v1/layers.models.{model}.layers")
+
+
+def from_shapes(model: str, shapes: Sequence[ShapeFigures], signatures: Mapping[str, str], *,
+                inputs: Mapping[str, str] | None = None,
+                environment: Mapping[str, str | None] | None = None) -> Baseline:
+    """The baseline of a measuring window (``POST /v1/baseline``): its shapes, and for the layers
+    (the structure, and a reader of version 1) each figure's largest median over the shapes."""
+    paths = {p for s in shapes for p in s.median}
+    order = [p for p in signatures if p in paths] + sorted(p for p in paths if p not in signatures)
+    layers = tuple(LayerBaseline(path=p, signature=signatures.get(p, ""),
+                                 **{f: max(s.median[p][f] for s in shapes if p in s.median) for f in FIGURES})
+                   for p in order)
+    return Baseline(model=model, fingerprint=fingerprint(signatures) if signatures else fingerprint(
+        {p: "" for p in paths}), layers=layers, inputs=dict(inputs or {}), environment=dict(environment or {}),
+        source="endpoint", forwards=sum(s.forwards for s in shapes), shapes=tuple(shapes))

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from ..units import format_bytes
 from .diff import BaselineDiff, FigureChange
 from .schema import BYTE_FIGURES
+from .shapes import MIN_FORWARDS
 
 # the figure names as the tables show them
 LABELS = {"peak_increase_bytes": "peak increase", "retained_bytes": "retained", "calls": "calls",
@@ -35,7 +36,12 @@ def _layer(path: str) -> str:
 
 def _row(c: FigureChange) -> list[str]:
     name = _layer(c.layer) if c.layer == c.old_layer else f"{_layer(c.layer)} (was {_layer(c.old_layer)})"
-    return [name, LABELS[c.figure], _value(c.figure, c.old), _value(c.figure, c.new), _delta(c.figure, c.delta),
+    if c.shape is not None:
+        name += f" [{c.shape or 'shape not read'}]"
+    change = _delta(c.figure, c.delta)
+    if c.noise:
+        change += f" (noise {_delta(c.figure, c.noise)[1:]})"
+    return [name, LABELS[c.figure], _value(c.figure, c.old), _value(c.figure, c.new), change,
             _relative(c), "FAIL" if c.exceeds else ""]
 
 
@@ -48,8 +54,11 @@ def verdict(d: BaselineDiff) -> str:
         limits.append(format_bytes(d.thresholds.fail_above_bytes))
     if n:
         return f"FAIL: {n} figure{'s' if n != 1 else ''} grew by more than {' and '.join(limits)}"
+    if d.unchanged and d.per_shape and not d.shapes_compared:
+        return "nothing compared: the two baselines share no shape measured enough on both sides"
     if d.unchanged:
-        return "no change: every layer's figures are the same"
+        return ("no change beyond the noise of repeat forwards" if d.per_shape
+                else "no change: every layer's figures are the same")
     return "ok: " + (f"nothing grew by more than {' and '.join(limits)}" if limits else "no threshold set")
 
 
@@ -61,6 +70,17 @@ def _facts(d: BaselineDiff) -> list[str]:
     out += [f"input {k}: {o} -> {n}" for k, (o, n) in d.inputs.items()]
     if d.structure_changed:
         out.append("structure: the model's layers differ (fingerprints differ)")
+    if d.per_shape:
+        out.append(f"compared shape by shape: {len(d.shapes_compared)} shape"
+                   f"{'s' if len(d.shapes_compared) != 1 else ''} on both sides"
+                   + (f" ({'; '.join(k or 'shape not read' for k in d.shapes_compared)})" if d.shapes_compared else ""))
+    if d.shapes_only_old:
+        out.append(f"only in the old baseline, not judged: {'; '.join(k or 'shape not read' for k in d.shapes_only_old)}")
+    if d.shapes_only_new:
+        out.append(f"only in the new baseline, not judged: {'; '.join(k or 'shape not read' for k in d.shapes_only_new)}")
+    for k, a, b in d.shapes_too_few:
+        out.append(f"unknown, too few forwards to know the noise ({a} and {b}, at least "
+                   f"{MIN_FORWARDS} a side): {k or 'shape not read'}")
     return out
 
 

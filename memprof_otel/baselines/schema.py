@@ -1,7 +1,9 @@
 """The baseline file: one model's per-layer figures for given inputs, with what produced them.
 
 A baseline is a JSON document with a versioned schema (``SCHEMA``, ``SCHEMA_VERSION``; the fields are
-in docs/reference.md, "Baselines"). It holds only figures that are the same on every run of the same
+in docs/reference.md, "Baselines"). Version 2 adds ``shapes``: the figures per input shape, each the
+median over that shape's forwards with their spread (``shapes.py``), which a baseline taken from a
+live endpoint holds and a diff compares like with like. It holds only figures that are the same on every run of the same
 model, inputs and environment on the CPU tensor ledger (peak increase, retained bytes, calls,
 allocation counts) and no timestamp, so that writing it again with nothing changed gives the same
 bytes (a baseline checked into a repository changes only when memory does). Forward time and absolute
@@ -18,9 +20,10 @@ from typing import Any, Mapping
 
 from ..errors import ConfigError
 from ..files import write_bytes_atomic
+from .shapes import ShapeFigures, to_doc
 
 SCHEMA = "memprof-otel/baseline"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # the figures of a layer a baseline keeps, in the order the file and the tables show them
 FIGURES: tuple[str, ...] = ("peak_increase_bytes", "retained_bytes", "calls", "allocations", "deallocations")
 # the figures a diff judges against --fail-above (bytes); the counts are shown when they change
@@ -63,8 +66,9 @@ class Baseline:
     layers: tuple[LayerBaseline, ...]
     inputs: Mapping[str, str] = field(default_factory=dict)
     environment: Mapping[str, str | None] = field(default_factory=dict)
-    source: str = "python"  # "python" (measured here) or "endpoint" (read from /v1/layers)
+    source: str = "python"  # "python" (measured here) or "endpoint" (read from /v1/layers or a window)
     forwards: int = 1       # the forwards measured (from an endpoint: all it attributed)
+    shapes: tuple[ShapeFigures, ...] = ()  # per input shape (a measuring window); () where not kept
 
     def layer(self, path: str) -> LayerBaseline | None:
         return next((lay for lay in self.layers if lay.path == path), None)
@@ -74,7 +78,8 @@ class Baseline:
                 "model": {"name": self.model, "fingerprint": self.fingerprint, "layers": len(self.layers)},
                 "inputs": dict(self.inputs), "environment": dict(self.environment),
                 "source": self.source, "forwards": self.forwards,
-                "layers": [lay.to_dict() for lay in self.layers]}
+                "layers": [lay.to_dict() for lay in self.layers],
+                **({"shapes": [to_doc(s) for s in self.shapes]} if self.shapes else {})}
 
     def dumps(self) -> str:
         """The file's text: keys in a fixed order, two-space indent, a final newline."""
@@ -113,6 +118,39 @@ def _layer(doc: Any, where: str) -> LayerBaseline:
                          signature=str(doc.get("signature") or ""), **figures)
 
 
+def _figure_map(value: Any, where: str) -> dict[str, dict[str, int]]:
+    if not isinstance(value, dict):
+        raise BaselineError(where, "expected an object")
+    out: dict[str, dict[str, int]] = {}
+    for path, figs in value.items():
+        if not isinstance(figs, dict):
+            raise BaselineError(f"{where}.{path}", "expected an object")
+        for f in FIGURES:
+            v = figs.get(f)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise BaselineError(f"{where}.{path}.{f}", f"expected an integer, got {v!r}")
+        out[str(path)] = {f: int(figs[f]) for f in FIGURES}
+    return out
+
+
+def _shape(doc: Any, where: str) -> ShapeFigures:
+    if not isinstance(doc, dict):
+        raise BaselineError(where, "expected an object")
+    features = _field(doc, "features", dict, where)
+    for k, v in features.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise BaselineError(f"{where}.features.{k}", f"expected an integer, got {v!r}")
+    forwards = _field(doc, "forwards", int, where)
+    if forwards < 1:
+        raise BaselineError(f"{where}.forwards", f"must be >= 1, got {forwards}")
+    layers = _field(doc, "layers", dict, where)
+    median = _figure_map({p: (d or {}).get("median") if isinstance(d, dict) else None for p, d in layers.items()},
+                         f"{where}.layers(median)")
+    spread = _figure_map({p: (d or {}).get("spread") if isinstance(d, dict) else None for p, d in layers.items()},
+                         f"{where}.layers(spread)")
+    return ShapeFigures(dict(features), forwards, median, spread)
+
+
 def from_dict(doc: Any, where: str = "baseline") -> Baseline:
     """A ``Baseline`` from its JSON document; a ``BaselineError`` naming the bad field otherwise."""
     if not isinstance(doc, dict):
@@ -141,7 +179,15 @@ def from_dict(doc: Any, where: str = "baseline") -> Baseline:
                     layers=layers,
                     inputs=_str_map(doc.get("inputs", {}), f"{where}.inputs", nullable=False),
                     environment=_str_map(doc.get("environment", {}), f"{where}.environment", nullable=True),
-                    source=str(doc.get("source") or "python"), forwards=forwards)
+                    source=str(doc.get("source") or "python"), forwards=forwards,
+                    shapes=tuple(_shape(d, f"{where}.shapes[{i}]")
+                                 for i, d in enumerate(_list(doc.get("shapes", []), f"{where}.shapes"))))
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise BaselineError(where, f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def loads(text: str | bytes, where: str = "baseline") -> Baseline:

@@ -12,22 +12,26 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..baselines import Thresholds, diff, load
+from ..baselines import Baseline, Thresholds, diff, load, parse_fail_above
 from ..baselines.render import markdown, text
 from ..units import parse_bytes
 from ._common import EXIT_ADVICE, EXIT_USAGE, CommandError
 
 
 def parse_percent(value: str) -> float:
-    """``2%`` (or ``2``) -> 0.02."""
-    raw = value.strip().removesuffix("%").strip()
+    """``2%`` -> 0.02, through ``baselines.parse_fail_above`` (the plugin's ``fail_above`` reads the
+    same): a bare number is refused, since 0.02 reads as 2 % to some and 0.02 % to others."""
     try:
-        pct = float(raw)
-    except ValueError:
-        raise CommandError(f"--fail-above {value!r}: expected a percentage, e.g. 2% or 0.5%", EXIT_USAGE) from None
-    if not 0 <= pct < float("inf"):
-        raise CommandError(f"--fail-above {value!r}: must be >= 0", EXIT_USAGE)
-    return pct / 100.0
+        return parse_fail_above(value, "--fail-above")
+    except ValueError as e:
+        raise CommandError(str(e), EXIT_USAGE) from None
+
+
+def _load(path: str) -> Baseline:
+    try:
+        return load(path)
+    except OSError as e:  # a missing or unreadable file is bad input: exit 2, one line
+        raise CommandError(f"{path}: cannot read the baseline: {e.strerror or e}", EXIT_USAGE) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             limits = Thresholds(limits.fail_above, parse_bytes(args.fail_above_bytes))
         except ValueError as e:
             raise CommandError(f"--fail-above-bytes: {e}", EXIT_USAGE) from None
-    result = diff(load(args.old), load(args.new), limits)
+    result = diff(_load(args.old), _load(args.new), limits)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

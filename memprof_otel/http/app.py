@@ -28,6 +28,7 @@ from ..config import Config, ConfigError, HttpConfig, LeaksConfig
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, ShapeError, UnknownModel)
 from ..attribution.registry import live_handles
 from ..blackbox.service import BlackBox
+from ..baselines import from_shapes
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob
 from ..dumps.flame import MalformedDump, flame_from_stored
 from ..dumps.heap_session import HeapProfiler
@@ -47,7 +48,7 @@ from ..telemetry.scrape import ScrapeView
 from ..telemetry.self_counters import SelfCounters
 from ..watchdog.adapter import Watchdog
 from ..watchdog.rules import MAX_RULES, parse_rule
-from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+from .guards import (BASELINE_FORWARDS, BASELINE_TIMEOUT, DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,
                      host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,
                      parse_number)
@@ -285,6 +286,7 @@ class Endpoint:
             ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
             ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
             ("POST", "/v1/heap"): self.post_heap,
+            ("POST", "/v1/baseline"): self.post_baseline,
             ("GET", "/openapi.json"): self.openapi,
         }
 
@@ -607,6 +609,50 @@ class Endpoint:
         except CaptureBusy as e:
             raise HttpError(409, "heap_diff_in_progress", str(e)) from None
         return json_response(200, result.to_dict(self.base_url))
+
+    def post_baseline(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
+        """Open a measuring window on a model, wait until it kept ``forwards`` forwards or ``timeout``
+        seconds passed, and answer the baseline of what it kept, per shape (``attribution/
+        measure_window.py``), with what the window cost (``window``)."""
+        if q:
+            raise HttpError(400, "bad_parameter", "POST /v1/baseline takes its parameters in a JSON body, "
+                            'e.g. {"forwards": 100, "timeout": 60}, not in the query')
+        doc = _json_body(req)
+        doc = {} if doc is None else doc
+        if not isinstance(doc, dict):
+            raise HttpError(400, "bad_body", 'the body must be a JSON object such as {"forwards": 100}')
+        unknown = sorted(set(doc) - {"model", "forwards", "timeout"})
+        if unknown:
+            raise HttpError(400, "bad_parameter", f"unknown field {_shown(unknown[0])}; "
+                            "the fields are model, forwards and timeout")
+        name = doc.get("model")
+        if "model" in doc and not isinstance(name, str):  # null included: leave the field out instead
+            raise HttpError(400, "bad_parameter", f"model must be a string, got {_shown(json.dumps(name))}")
+        forwards = int(_body_number(doc, "forwards", BASELINE_FORWARDS, integer=True))
+        timeout = float(_body_number(doc, "timeout", BASELINE_TIMEOUT, integer=False))
+        h = self.rt.dump_service.pick_model(name)  # none named and several: 400; unknown: 404
+        before = h.overhead_seconds
+        try:
+            win = h.measure_window(forwards)
+        except CaptureBusy as e:
+            raise HttpError(409, "baseline_in_progress", str(e)) from None
+        except InstrumentationError as e:
+            raise HttpError(409, "uninstrumented", str(e)) from None
+        try:
+            complete = win.wait(timeout)
+        finally:
+            h.end_window(win)
+        shapes = win.close()
+        cost = {"forwards_requested": forwards, "forwards_kept": win.kept, "forwards_raised": win.raised,
+                "complete": complete, "seconds": round(win.seconds, 3), "timeout_seconds": timeout,
+                "overhead_seconds": round(max(0.0, h.overhead_seconds - before), 6)}
+        if not shapes:
+            raise HttpError(504, "no_forward_in_time", f"no forward of {h.name!r} ran within {timeout:g} s: "
+                            "send traffic while the baseline is taken")
+        env: dict[str, str | None] = {"device": h.last_device}
+        env.update(h.environment())
+        body = from_shapes(h.name, shapes, h.layer_signatures(), environment=env).to_dict()
+        return json_response(200, {**body, "window": cost})
 
     def list_dumps(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         try:

@@ -25,6 +25,10 @@ DUMP_FORMATS = ("speedscope", "pprof")  # GET /v1/dumps/{id}?format=: the first 
 # POST /v1/heap body: (default, least, most). At most DUMP_WAIT_MAX seconds of tracing, for the same
 # reason: the answer comes back before a proxy's 60 s idle timeout cuts the request.
 HEAP_SECONDS = (10.0, 1.0, DUMP_WAIT_MAX)
+# a measuring window (POST /v1/baseline): every model forward attributed while it is open, so it is
+# bounded by a forward count and a time limit (default, least, most)
+BASELINE_FORWARDS = (100, 1, 10_000)
+BASELINE_TIMEOUT = (60.0, 0.1, 600.0)
 HEAP_FRAMES = (4, 1, 100)    # each frame costs on every allocation (docs/benchmarks.md): 4 by default
 HEAP_TOP = (20, 1, 200)
 

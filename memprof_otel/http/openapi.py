@@ -11,7 +11,7 @@ from .._version import __version__
 from ..advice import RULE_IDS, SEVERITIES
 from ..advice.items import UNITS
 from ..oom.cause import CAUSES
-from .guards import (DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
+from .guards import (BASELINE_FORWARDS, BASELINE_TIMEOUT, DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_LIMIT)
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -127,6 +127,17 @@ def _schemas() -> dict[str, Any]:
                                          "detail": {"type": "string"}}}}]},
         "Dumps": {"type": "object", "required": ["dumps"],
                   "properties": {"dumps": {"type": "array", "items": _ref("Dump")}}},
+        "BaselineRequest": {"type": "object", "additionalProperties": False, "properties": {
+            "model": {"type": "string", "description": "the model (may be left out when there is one)"},
+            "forwards": _bounded("integer", BASELINE_FORWARDS, "model forwards to attribute and keep"),
+            "timeout": _bounded("number", BASELINE_TIMEOUT, "seconds to wait for them at most")}},
+        "LiveBaseline": {"type": "object", "required": ["schema", "schema_version", "model", "layers", "shapes",
+                                                        "window"], "properties": {
+            "schema": {"const": "memprof-otel/baseline"}, "schema_version": {"type": "integer"},
+            "model": _OBJ, "layers": {"type": "array"}, "forwards": {"type": "integer"},
+            "shapes": {"type": "array", "items": {"type": "object", "required": ["features", "forwards", "layers"]}},
+            "window": {"type": "object", "required": ["forwards_requested", "forwards_kept", "complete", "seconds",
+                                                      "overhead_seconds"]}}},
         "HeapRequest": {"type": "object", "additionalProperties": False, "properties": {
             "seconds": _bounded("number", HEAP_SECONDS, "seconds to trace between the two snapshots"),
             "frames": _bounded("integer", HEAP_FRAMES, "frames kept per traceback (when tracing is "
@@ -516,6 +527,15 @@ def openapi_document() -> dict[str, Any]:
                     "409": "another heap diff runs", "413": "body too large", **auth, **mutating},
                 body={"required": False, "content": {"application/json": {"schema": _ref("HeapRequest")}}},
                 schema=_ref("HeapDiff"))},
+            "/v1/baseline": {"post": _op(
+                "attribute the model's next forwards (a measuring window) and answer their per-layer baseline, "
+                "per input shape", {
+                    "200": "the baseline (what memprof-otel baseline save writes) and the window's cost",
+                    "400": "bad body field, or no model named where there are several", "404": "unknown model",
+                    "409": "another measuring window of the model is open", "413": "body too large",
+                    "504": "no forward ran within the timeout", **auth, **mutating},
+                body={"required": False, "content": {"application/json": {"schema": _ref("BaselineRequest")}}},
+                schema=_ref("LiveBaseline"))},
             "/v1/dumps/{id}": {"get": dump_get},
             "/openapi.json": {"get": _op("this document", {"200": "OpenAPI 3 document", **auth})},
         },

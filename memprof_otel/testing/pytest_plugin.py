@@ -11,8 +11,9 @@ model), uninstruments it, and compares the per-layer baseline it measured with t
 the baselines folder (``memprof_baselines_dir`` in the pytest ini, ``memprof-baselines`` by default,
 relative to the rootdir), named after the test. It fails, naming the layers and with the diff table,
 when a layer's peak increase passed ``max_layer_bytes``, or when a figure grew past the stored
-baseline by more than ``fail_above`` (a fraction, 0 by default: on the CPU tensor ledger the figures
-are exact, so any growth is real) and ``fail_above_bytes``. ``pytest --memprof-update-baselines``
+baseline by more than ``fail_above`` (a percentage with its sign, ``"2%"``, as ``memprof-otel diff
+--fail-above`` takes it; ``"0%"`` by default: on the CPU tensor ledger the figures are exact, so any
+growth is real; a bare number is refused, it could mean either) and ``fail_above_bytes``. ``pytest --memprof-update-baselines``
 writes the baselines instead of comparing (commit them). A missing baseline fails: a gate that passes
 on nothing is no gate.
 
@@ -30,7 +31,7 @@ import pytest
 
 import memprof_otel as mp
 
-from ..baselines import Baseline, Thresholds, diff, load, save
+from ..baselines import Baseline, Thresholds, diff, load, parse_fail_above, save
 from ..baselines.render import LABELS, text
 from ..units import format_bytes, parse_bytes
 
@@ -81,12 +82,16 @@ class MemprofBaseline:
         return self.folder / _file_name(name or self.test_name)
 
     def check(self, model: Any, *args: Any, name: str | None = None, max_layer_bytes: int | str | None = None,
-              fail_above: float | None = 0.0, fail_above_bytes: int | str | None = None,
+              fail_above: str | None = "0%", fail_above_bytes: int | str | None = None,
               **kwargs: Any) -> Baseline:
         """Measure ``model(*args, **kwargs)`` per layer and fail the test past the budgets (see the
         module docstring). Returns the baseline measured. ``name``: the stored file's name and the
         model's; more than one check in a test needs one each."""
         label = name or self.test_name
+        try:
+            relative = parse_fail_above(fail_above) if fail_above is not None else None
+        except ValueError as e:
+            pytest.fail(f"memprof-otel: {label}: {e}", pytrace=False)
         measured = _run(model, args, kwargs, f"memprof-test:{label}")
         problems: list[str] = []
         if max_layer_bytes is not None:
@@ -101,7 +106,7 @@ class MemprofBaseline:
         elif not stored.exists():
             problems.append(f"no stored baseline {stored}: run pytest {UPDATE_OPTION} to write it")
         else:
-            limits = Thresholds(fail_above=fail_above,
+            limits = Thresholds(fail_above=relative,
                                 fail_above_bytes=parse_bytes(fail_above_bytes) if fail_above_bytes is not None else None)
             result = diff(load(stored), measured, limits)
             if result.failures:
