@@ -227,7 +227,7 @@ def test_http_and_file_subcommands_import_no_torch_otel_or_matplotlib(live: tupl
         "headroom": ["headroom", "--url", url, "--token", TOKEN],
         "analyze": ["analyze", str(timeline)],
         "baseline": ["baseline", "save", "--url", url, "--token", TOKEN, "--model", "tinynet",
-                     "-o", str(tmp_path / "b.json")],
+                     "-o", str(tmp_path / "b.json"), "--since-start"],
         "diff": ["diff", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--fail-above", "0%"],
     }
     for name, argv in runs.items():

@@ -51,7 +51,7 @@ def test_the_endpoints_baseline_is_the_one_measured_in_python(served, tmp_path: 
     out = tmp_path / "served.json"
     # WHEN the CLI saves the endpoint's baseline
     proc = cli("baseline", "save", "--url", url, "--token", TOKEN, "--model", "served", "-o", str(out),
-               "--input", "arg0=float32[8,64]")
+               "--input", "arg0=float32[8,64]", "--since-start")
     assert proc.returncode == 0, proc.stderr
     assert f"wrote {out}: model served, 14 layers, {FORWARDS} forwards" in proc.stdout
     saved = load(out)
@@ -74,7 +74,7 @@ def test_the_endpoints_baseline_is_the_one_measured_in_python(served, tmp_path: 
 def test_diff_exits_3_on_a_wider_block_and_names_it(served, tmp_path: Path) -> None:
     url, _ = served
     old = tmp_path / "old.json"
-    assert cli("baseline", "save", "--url", url, "--token", TOKEN, "-o", str(old)).returncode == 0  # one model: no --model
+    assert cli("baseline", "save", "--url", url, "--token", TOKEN, "-o", str(old), "--since-start").returncode == 0  # one model: no --model
     torch.manual_seed(0)
     new = tmp_path / "new.json"
     new.write_text(measure(Net(hidden=(HIDDEN, HIDDEN * 102 // 100, HIDDEN))).dumps())
@@ -98,8 +98,10 @@ def test_diff_exits_3_on_a_wider_block_and_names_it(served, tmp_path: Path) -> N
 @pytest.mark.parametrize("args,code,fragment", [
     (["baseline", "save", "--model", "nope"], 2, "HTTP 404: unknown_model"),
     (["baseline", "save", "--input", "batch"], 2, "expected NAME=VALUE"),
-    (["diff", "missing-old.json", "missing-new.json"], 1, "missing-old.json"),
-    (["diff", "{old}", "{old}", "--fail-above", "two"], 2, "expected a percentage"),
+    (["diff", "missing-old.json", "missing-new.json"], 2, "missing-old.json: cannot read the baseline"),
+    (["diff", "{old}", "{old}", "--fail-above", "two"], 2, "write it as a percentage"),
+    (["diff", "{old}", "{old}", "--fail-above", "0.02"], 2, "a bare number is refused"),
+    (["diff", "{old}", "{old}", "--fail-above=-1%"], 2, "expected a percentage >= 0"),
     (["diff", "{old}", "{old}", "--fail-above-bytes", "lots"], 2, "--fail-above-bytes"),
     (["diff", "{bad}", "{old}"], 2, "not a memprof-otel baseline"),
 ])
@@ -110,7 +112,7 @@ def test_errors_are_one_line_with_the_usual_exit_codes(served, tmp_path: Path, a
     if args[0] == "baseline":
         args = [*args, "--url", url, "--token", TOKEN, "-o", str(old)]
     else:
-        assert cli("baseline", "save", "--url", url, "--token", TOKEN, "-o", str(old)).returncode == 0
+        assert cli("baseline", "save", "--url", url, "--token", TOKEN, "-o", str(old), "--since-start").returncode == 0
     proc = cli(*[a.format(old=old, bad=bad) for a in args])
     assert proc.returncode == code, (proc.stdout, proc.stderr)
     assert fragment in proc.stderr and "Traceback" not in proc.stderr

@@ -47,7 +47,7 @@ class Net(nn.Module):
 
 def test_net_memory(memprof_baseline):
     torch.manual_seed(0)
-    memprof_baseline.check(Net(), torch.randn(8, 64), max_layer_bytes="{budget}", fail_above=0.01)
+    memprof_baseline.check(Net(), torch.randn(8, 64), max_layer_bytes="{budget}", fail_above="1%")
 '''
 
 

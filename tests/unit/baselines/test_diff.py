@@ -89,7 +89,8 @@ def test_json_and_markdown_say_the_same() -> None:
     assert doc["failed"] is True and doc["thresholds"] == {"fail_above": 0.02, "fail_above_bytes": KIB}
     assert doc["changes"] == [{"layer": "head", "old_layer": "head", "figure": "peak_increase_bytes",
                                "old": 100 * KIB, "new": 130 * KIB, "delta": 30 * KIB, "relative": 0.3,
-                               "exceeds": True}]
+                               "exceeds": True, "shape": None, "noise": 0}]
+    assert doc["per_shape"] is False
     md = markdown(d)
     assert md.startswith("### :x: memprof-otel diff: FAIL: 1 figure grew by more than 2.00% and 1.0 KiB")
     assert "| `head` | peak increase | 100.0 KiB (102,400 B) | 130.0 KiB (133,120 B) | +30.0 KiB | +30.0% | **FAIL** |" in md
