@@ -4,6 +4,7 @@ against: the usual /sys/fs/cgroup layout (v1 controllers under /sys/fs/cgroup/NA
 ancestors, no code of the library."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -97,3 +98,36 @@ def remove_dir(d: Path) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+CGROUP_V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+def make_v1_memory_cgroup(prefix: str, limit_bytes: int) -> Path | None:
+    """A fresh v1 memory cgroup ``<prefix>-<pid>-<n>`` with ``limit_bytes`` and no swap to escape to;
+    None where none can be made (not root, no writable v1 memory hierarchy)."""
+    if os.geteuid() != 0 or not os.access(CGROUP_V1_MEMORY, os.W_OK):
+        return None
+    for n in range(100):
+        d = CGROUP_V1_MEMORY / f"{prefix}-{os.getpid()}-{n}"
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        except OSError:
+            return None
+        try:
+            (d / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            if (d / "memory.memsw.limit_in_bytes").exists():
+                (d / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+            (d / "memory.swappiness").write_text("0")
+        except OSError:
+            remove_dir(d)
+            return None
+        return d
+    return None
+
+
+def v1_oom_kills(d: Path) -> int:
+    """The cgroup's own count of OOM kills (``memory.oom_control``'s ``oom_kill``)."""
+    return int(re.search(r"^oom_kill (\d+)$", (d / "memory.oom_control").read_text(), re.M).group(1))

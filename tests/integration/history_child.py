@@ -29,33 +29,9 @@ def main(args: list[str]) -> None:
     if args[:1] != ["serve"]:
         raise SystemExit(__doc__)
     import torch
-    from torch import nn
 
     import memprof_otel as mp
-
-    class Block(nn.Module):
-        def __init__(self, width: int) -> None:
-            super().__init__()
-            self.lin = nn.Linear(width, width)
-            self.stuck = False
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            while self.stuck:  # the long forward: in this layer until the process is killed
-                time.sleep(0.02)
-            return torch.tanh(self.lin(x))
-
-    class TokenModel(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = nn.Embedding(100, 32)
-            self.blocks = nn.ModuleList([Block(32), Block(32)])
-            self.head = nn.Linear(32, 100)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            x = self.emb(ids)
-            for b in self.blocks:
-                x = b(x)
-            return self.head(x)
+    from tests.integration.token_model import TokenModel
 
     torch.set_num_threads(1)
     model = TokenModel()
@@ -76,7 +52,7 @@ def main(args: list[str]) -> None:
             model(torch.randint(0, 100, WARM_SHAPES[i % len(WARM_SHAPES)]))
             i += 1
             time.sleep(0.01)
-        model.blocks[1].stuck = True
+        model.blocks[1].stuck.set()
         print(f"long {os.getpid()}", flush=True)
         model(torch.randint(0, 100, (batch, seq)))
     print("the long forward ended", flush=True)

@@ -14,52 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-import time
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
 import torch
-from torch import nn
 
 import memprof_otel as mp
+from tests.integration.token_model import TokenModel
 
 torch.set_num_threads(1)
 
 
-class Block(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = nn.Linear(width, width)
-        self.stuck = threading.Event()  # set: the next forward through here never ends
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.stuck.is_set():
-            path = os.environ.get("POSTMORTEM_APP_STUCK")
-            if path:
-                with open(path + ".tmp", "w") as f:
-                    f.write(str(os.getpid()))
-                os.replace(path + ".tmp", path)
-            while True:
-                time.sleep(0.05)
-        return torch.tanh(self.lin(x))
-
-
-class TokenModel(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(100, 32)
-        self.blocks = nn.ModuleList([Block(32), Block(32)])
-        self.head = nn.Linear(32, 100)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
+def _report_stuck() -> None:
+    path = os.environ.get("POSTMORTEM_APP_STUCK")
+    if path:
+        with open(path + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(path + ".tmp", path)
 
 
 model = TokenModel()
+model.blocks[1].on_stuck = _report_stuck
 handle = mp.instrument(model, name="tokens")
 endpoint = mp.asgi_app()
 

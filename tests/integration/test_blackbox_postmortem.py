@@ -22,10 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import cgroup_truth
+
 from tests.integration import blackbox_child as child
 
 WINDOW_S = 3.0
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 LIMIT = 700 << 20
 
 
@@ -53,38 +54,15 @@ def _wait_long(p: subprocess.Popen) -> int:
 
 
 def _make_cgroup() -> Path | None:
-    if os.geteuid() != 0 or not os.access(CGROUP_V1, os.W_OK):
-        return None
-    for n in range(100):
-        d = CGROUP_V1 / f"memprof-bb-{os.getpid()}-{n}"
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue
-        except OSError:
-            return None
-        (d / "memory.limit_in_bytes").write_text(str(LIMIT))
-        if (d / "memory.memsw.limit_in_bytes").exists():  # no swap to escape to
-            (d / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
-        (d / "memory.swappiness").write_text("0")
-        return d
-    return None
+    return cgroup_truth.make_v1_memory_cgroup("memprof-bb", LIMIT)
 
 
 def _remove_cgroup(d: Path) -> None:
-    for _ in range(100):
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # the dead child's charge is still being uncharged
-            time.sleep(0.05)
-    d.rmdir()
+    cgroup_truth.remove_dir(d)
 
 
 def _oom_kills(d: Path) -> int:
-    return int(re.search(r"^oom_kill (\d+)$", (d / "memory.oom_control").read_text(), re.M).group(1))
+    return cgroup_truth.v1_oom_kills(d)
 
 
 def _ticks_in_last_window(samples: list[dict]) -> int:

@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests import cgroup_truth
+
 from tests.integration import cause_child
 
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 MIB = 1 << 20
 LIMIT = 960 * MIB
 SERVICE = "memprof-cause-back-to-back"
@@ -51,44 +50,15 @@ def _env(folder: Path, dumps: Path) -> dict[str, str]:
 
 
 def _make_cgroup() -> Path | None:
-    """A fresh v1 memory cgroup with the limit and no swap to escape to; None where none can be made."""
-    if os.geteuid() != 0 or not os.access(CGROUP_V1, os.W_OK):
-        return None
-    for n in range(100):
-        d = CGROUP_V1 / f"memprof-cause-{os.getpid()}-{n}"
-        try:
-            d.mkdir()
-        except FileExistsError:
-            continue
-        except OSError:
-            return None
-        try:
-            (d / "memory.limit_in_bytes").write_text(str(LIMIT))
-            if (d / "memory.memsw.limit_in_bytes").exists():
-                (d / "memory.memsw.limit_in_bytes").write_text(str(LIMIT))
-            (d / "memory.swappiness").write_text("0")
-        except OSError:
-            _remove_cgroup(d)
-            return None
-        return d
-    return None
+    return cgroup_truth.make_v1_memory_cgroup("memprof-cause", LIMIT)
 
 
 def _remove_cgroup(d: Path) -> None:
-    """Removed once its processes have left (a killed child's pages may take a moment to be uncharged)."""
-    for _ in range(100):
-        try:
-            d.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    d.rmdir()
+    cgroup_truth.remove_dir(d)
 
 
 def _oom_kills(d: Path) -> int:
-    return int(re.search(r"^oom_kill (\d+)$", (d / "memory.oom_control").read_text(), re.M).group(1))
+    return cgroup_truth.v1_oom_kills(d)
 
 
 def _postmortems(folder: Path, dumps: Path) -> dict:
