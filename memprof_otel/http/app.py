@@ -206,6 +206,24 @@ def _json_body(req: Request) -> Any:
         raise HttpError(400, "bad_json", "body is not JSON: nested too deep") from None
 
 
+def _body_fields(req: Request, q: Mapping[str, list[str]], route: str, fields: tuple[str, ...],
+                 example: str) -> dict[str, Any]:
+    """A POST's JSON object body of the named ``fields`` (an empty body: none); a query, another
+    JSON value or another field is a 400 naming what to send instead."""
+    if q:
+        raise HttpError(400, "bad_parameter", f"{route} takes its parameters in a JSON body, "
+                        f"e.g. {example}, not in the query")
+    doc = _json_body(req)
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise HttpError(400, "bad_body", f"the body must be a JSON object such as {example}")
+    unknown = sorted(set(doc) - set(fields))
+    if unknown:
+        raise HttpError(400, "bad_parameter", f"unknown field {_shown(unknown[0])}; "
+                        f"the fields are {', '.join(fields[:-1])} and {fields[-1]}")
+    return doc
+
+
 def _body_number(doc: Mapping[str, Any], name: str, limits: tuple[float, float, float],
                  integer: bool) -> Any:
     default, lo, hi = limits
@@ -589,18 +607,7 @@ class Endpoint:
 
     def post_heap(self, req: Request, q: Mapping[str, list[str]], _: str) -> Response:
         """Trace the Python heap for ``seconds`` and answer its top growing allocation sites."""
-        if q:
-            raise HttpError(400, "bad_parameter", "POST /v1/heap takes its parameters in a JSON body, "
-                            'e.g. {"seconds": 10}, not in the query')
-        doc = _json_body(req)
-        if doc is None:
-            doc = {}
-        if not isinstance(doc, dict):
-            raise HttpError(400, "bad_body", 'the body must be a JSON object such as {"seconds": 10}')
-        unknown = sorted(set(doc) - {"seconds", "frames", "top"})
-        if unknown:
-            raise HttpError(400, "bad_parameter", f"unknown field {_shown(unknown[0])}; "
-                            "the fields are seconds, frames and top")
+        doc = _body_fields(req, q, "POST /v1/heap", ("seconds", "frames", "top"), '{"seconds": 10}')
         seconds = _body_number(doc, "seconds", HEAP_SECONDS, integer=False)
         frames = _body_number(doc, "frames", HEAP_FRAMES, integer=True)
         top = _body_number(doc, "top", HEAP_TOP, integer=True)
@@ -614,17 +621,8 @@ class Endpoint:
         """Open a measuring window on a model, wait until it kept ``forwards`` forwards or ``timeout``
         seconds passed, and answer the baseline of what it kept, per shape (``attribution/
         measure_window.py``), with what the window cost (``window``)."""
-        if q:
-            raise HttpError(400, "bad_parameter", "POST /v1/baseline takes its parameters in a JSON body, "
-                            'e.g. {"forwards": 100, "timeout": 60}, not in the query')
-        doc = _json_body(req)
-        doc = {} if doc is None else doc
-        if not isinstance(doc, dict):
-            raise HttpError(400, "bad_body", 'the body must be a JSON object such as {"forwards": 100}')
-        unknown = sorted(set(doc) - {"model", "forwards", "timeout"})
-        if unknown:
-            raise HttpError(400, "bad_parameter", f"unknown field {_shown(unknown[0])}; "
-                            "the fields are model, forwards and timeout")
+        doc = _body_fields(req, q, "POST /v1/baseline", ("model", "forwards", "timeout"),
+                           '{"forwards": 100, "timeout": 60}')
         name = doc.get("model")
         if "model" in doc and not isinstance(name, str):  # null included: leave the field out instead
             raise HttpError(400, "bad_parameter", f"model must be a string, got {_shown(json.dumps(name))}")

@@ -102,15 +102,8 @@ def victim(cgroup: str) -> None:
 
 
 def reader() -> None:
-    import torch
-
-    import memprof_otel as mp
-
-    mp.instrument(torch.nn.Linear(4, 4), name="reader")
-    srv = mp.serve(port=0)
-    print(srv.url, flush=True)
-    sys.stdin.read()
-    mp.shutdown()
+    from tests.integration.blackbox_child import reader as serve_until_stdin_closes
+    serve_until_stdin_closes()
 
 
 if __name__ == "__main__":
