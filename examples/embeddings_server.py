@@ -311,7 +311,7 @@ def run_worker(host: str = "127.0.0.1", port: int = 9464, app_port: int = 8000, 
     except OSError as e:
         sock.close()
         raise OSError(e.errno, f"cannot listen on {cfg.http.host}:{cfg.http.port + index} for the memprof "
-                      f"endpoint: {e.strerror}") from None
+                      f"endpoint: {e.strerror or e}") from None
     mp.mark_operation("load")
     embedder = Embedder()
     handle = mp.instrument(embedder.model, name=MODEL, config=cfg)

@@ -384,7 +384,8 @@ class Server:
                 if e.errno == errno.EADDRINUSE and i + 1 < len(ports):
                     continue  # a sibling worker has this one: try the next
                 where = f"{host}:{p}" if len(ports) == 1 else f"{host}:{ports[0]}..{ports[-1]} (all taken)"
-                raise ServeError(f"cannot serve on {where}: {e.strerror or e}") from e
+                # errno and its text kept: a caller that reports ``e.strerror`` says why, not "None"
+                raise ServeError(e.errno, f"cannot serve on {where}: {e.strerror or e}") from e
         raise ServeError(f"cannot serve on {host}:{port}: no port to try")  # unreachable: ports is never empty
 
     def _start_thread(self) -> None:

@@ -657,3 +657,26 @@ def test_check_config_says_whether_keras_on_tensorflow_gets_cpu_figures(tmp_path
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.split()[:1] == ["tensorflow"]]
     assert len(lines) == 1 and lines[0].split(None, 1)[1] == expected
+
+
+def test_demo_with_its_endpoint_port_taken_says_why_in_one_line(tmp_path) -> None:
+    import socket
+    import subprocess
+    import sys
+    # GIVEN the memprof endpoint's port taken by another listener
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    app_port = free.getsockname()[1]
+    free.close()
+    try:
+        # WHEN the demo starts on it
+        proc = subprocess.run([sys.executable, "-m", "memprof_otel.cli", "demo", "--port", str(taken.getsockname()[1]),
+                               "--app-port", str(app_port)], capture_output=True, text=True, timeout=120)
+    finally:
+        taken.close()
+    # THEN it fails, saying which port and the system's reason (not "None")
+    assert proc.returncode != 0
+    assert "Address already in use" in proc.stderr and "None" not in proc.stderr, proc.stderr
