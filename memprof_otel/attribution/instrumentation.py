@@ -236,6 +236,9 @@ class Instrumentation:
         return out
 
     def peak_memory_per_layer(self) -> dict[str, int]:
+        """Path -> ``peak_allocated``: the absolute level the allocator (on CPU, the tensor ledger) was
+        at when the layer peaked, weights and all else held included. The layer's own need, what
+        the per-layer series and baselines show, is ``layer_stats()[path].peak_increase``."""
         return {k: v.peak_allocated for k, v in self._stats.snapshot().items()}
 
     def layer_forward_totals(self) -> dict[str, tuple[float, int]]:

@@ -372,7 +372,9 @@ class MemoryModel:
         now = self._clock()
         with self._lock:
             stale = self._fitted_version != self._version
-            due = force or now - self._fitted_at >= max(self.refit_interval_s,
+            # no fit yet (one was made before the first forward, of nothing): the first is made
+            # inline at once, so the answer after the first forward names it, as headroom() does
+            due = force or not self._states or now - self._fitted_at >= max(self.refit_interval_s,
                                                          self._last_refit_s / REFIT_CPU_SHARE)
             if not (stale and due) or (self._refitting and not force):
                 return self._states

@@ -203,3 +203,14 @@ def test_a_shape_is_worth_measuring_while_its_kind_has_few_or_it_extends_their_r
     # decode steps are another kind: their first shapes are worth it whatever the prompts hold
     assert m.worth_measuring({"batch": 2, "seq_len": 1, "cache_len": 40})
     assert not m.worth_measuring({"batch": 2, "seq_len": 48, "cache_len": 0})  # a prompt, canonical
+
+
+def test_the_first_forward_is_named_at_once_even_when_a_fit_of_nothing_was_asked_for_before_it():
+    # GIVEN a model that refits at most once a minute, asked before any forward (a scrape, a tick)
+    m = MemoryModel(refit_interval_s=60.0)
+    assert m.states() == {}
+    # WHEN the first forward is measured
+    m.observe({"batch": 2, "seq_len": 16}, 65536, 8704)
+    # THEN the next answer names it (as headroom's table does), not "no forward measured yet"
+    reason = m.predict({"batch": 2, "seq_len": 16}).reason
+    assert reason is not None and "1 distinct shape seen" in reason, reason
