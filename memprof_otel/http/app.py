@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import hmac
+import os
 import json
 import time
 from dataclasses import dataclass, field
@@ -59,6 +60,7 @@ MAX_SHAPE_VALUE = 1 << 30
 
 PUBLIC_ROUTES = ("/metrics", "/healthz")
 DUMP_ROUTE = "/v1/dumps/{id}"
+PID_HEADER = "X-Memprof-Pid"  # on every answer: the pid of the process that gave it
 # the query parameters each route takes (the OpenAPI document lists the same): any other name is a
 # 400 naming it, so a typo (forward=5) is never silently ignored. Routes left out take any query:
 # /metrics, /healthz and /openapi.json (scrapers, probes and cache-busters add their own),
@@ -321,6 +323,9 @@ class Endpoint:
         except Exception as e:  # our bug, not the caller's input: a 500 without a traceback
             rate_limited.warning("http-500", "memprof_otel: %s %s failed: %r", req.method, req.path[:200], e)
             resp = error_response(500, "internal", f"{type(e).__name__} while serving {req.path[:200]}")
+        # which process answered: in a multi-worker server any worker may take the connection, and
+        # a /v1/* document is that worker's (a header, so no document changes shape)
+        resp.headers.setdefault(PID_HEADER, str(os.getpid()))
         origin = req.headers.get("origin")
         if origin is not None and origin.lower() in self.allowed_origins:  # CORS: only listed origins read
             resp.headers.setdefault("Access-Control-Allow-Origin", origin)
@@ -457,7 +462,7 @@ class Endpoint:
             sources["blackbox"] = bb
         cfg = self.rt.config
         return json_response(200, {
-            "version": __version__, "torch_version": self.rt.scrape.self_view().torch_version,
+            "version": __version__, "pid": os.getpid(), "torch_version": self.rt.scrape.self_view().torch_version,
             "models": models, "sources": sources, "sampler": {k: v for k, v in health.items() if k != "sources"},
             "config": cfg.to_dict() if cfg is not None else None, "started_unix": self.rt.started_unix,
             "series": self.rt.scrape.budget.status()})

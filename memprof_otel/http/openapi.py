@@ -173,7 +173,9 @@ def _schemas() -> dict[str, Any]:
         "Health": {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}},
         "Status": {"type": "object", "required": ["version", "torch_version", "models", "sources", "sampler",
                                                   "config", "started_unix"], "properties": {
-            "version": {"type": "string"}, "models": {"type": "array", "items": _OBJ},
+            "version": {"type": "string"}, "pid": {"type": "integer", "description": "the process that answered "
+                                                                        "(every answer also carries X-Memprof-Pid)"},
+            "models": {"type": "array", "items": _OBJ},
             "sources": _OBJ, "sampler": _OBJ, "config": {"type": ["object", "null"]},
             "series": {**_OBJ, "description": "the series budget: series.layers, whether this host exports "
                        "every layer (and why: in_kubernetes, host_share against full_detail_fraction), the "

@@ -200,10 +200,12 @@ def test_gunicorn_workers_stop_gracefully_and_all_serve_a_killed_siblings_death_
         _until(lambda: any(p["pid"] == victim for p in _postmortems(base, log)["postmortems"]), 60,
                "the replacement's scan", log)
         answered: set[str] = set()
+        now = _workers(master, 2, log)
         for _ in range(20):
             r = _get(f"{base}/v1/postmortem")
             assert r is not None and r.status_code == 200
             _killed_with_the_shape(r.json(), victim)
+            assert int(r.headers["x-memprof-pid"]) in now  # the answer says which worker gave it
         # AND the merged exposition counts the death once, whichever worker answers
         for _ in range(6):
             fams = {f.name: f for f in om_parse(_get(f"{base}/metrics", headers={"accept": OPENMETRICS}).text)}
