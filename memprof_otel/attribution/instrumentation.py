@@ -63,6 +63,7 @@ class ForwardRecord(threading.local):
     shape: Features | None = None      # the measured root forward's shape features (memory model)
     features: Features | None = None   # the forward's shape wherever it was read (an OOM's cause cites it)
     flight: tuple[int, ...] | None = None  # the flight listeners' tokens for this forward (black box)
+    on_demand = False                  # attributed because a capture or a measuring window asked for it
 
 
 def _no_history() -> tuple[list[Sample], list[OperationRecord]]:
@@ -186,6 +187,9 @@ class Instrumentation:
         cap = self._capture
         if cap is not None and not cap.done:  # it would wait for ever: its forwards can no longer come
             cap.cancel("the model was uninstrumented before its forwards were captured")
+        win = self._window
+        if win is not None:  # no more forwards will come: its waiter answers with what it kept
+            win.close()
         self._release_open_forwards()
         self._notify(lambda obs: obs.uninstrumented(self))
         live.unregister(self)
@@ -497,10 +501,13 @@ class Instrumentation:
         cap = self._capture
         win = self._window
         tls.shape = None
+        tls.on_demand = False
         shape_read = False
         if cap is not None and cap.claim():
+            tls.on_demand = True
             self._begin_attributed(opener, path, t, cap, compiled)
         elif win is not None and not path and win.open:  # a measuring window takes every model forward
+            tls.on_demand = True
             self._begin_attributed(opener, path, t, None, compiled)
         elif self.scheduler.should_attribute():
             self._begin_attributed(opener, path, t, None, compiled)
@@ -536,7 +543,7 @@ class Instrumentation:
         if cap is not None:
             self._captured_forward_ended(cap, _perf_counter(), root)
         end = _perf_counter()
-        self._forward_ended(state, end - tls.start_s, self_time_s + end - t, raised, exc)
+        self._forward_ended(state, end - tls.start_s, self_time_s + end - t, raised, exc, tls.on_demand)
 
     def _publish(self, state: ForwardState, calls: list[LayerCall], t: float, raised: bool,
                  shape: Features | None, dropped: str | None) -> None:
@@ -555,6 +562,9 @@ class Instrumentation:
         if dropped is not None:
             # never a silently wrong figure: the forward counts, its per-layer figures do not
             self.unattributed[dropped] = self.unattributed.get(dropped, 0) + 1
+            win = self._window
+            if win is not None and not state.root_path:
+                win.dropped += 1  # the window says so, rather than wait for forwards that ran
             rate_limited.warning(f"unattributed:{dropped}", "memprof_otel: %s: an attributed forward's "
                                  "per-layer figures were dropped (%s); counted in "
                                  "memprof_forwards_unattributed_total", self.name, _DROP_WHY[dropped])
@@ -587,11 +597,13 @@ class Instrumentation:
             return None
 
     def _forward_ended(self, state: ForwardState | None, duration_s: float, self_time_s: float,
-                       raised: bool, exc: BaseException | None) -> None:
+                       raised: bool, exc: BaseException | None, on_demand: bool = False) -> None:
         """Charge a finished forward to the scheduler and tell the observers; ``state`` None when it
-        was not measured. A root reading (memory model only) is no attributed forward to either."""
+        was not measured. A root reading (memory model only) is no attributed forward to either.
+        ``on_demand``: a capture or a measuring window asked for it; its cost is counted in the
+        overhead, not in the sampling's budget (which would then attribute nothing for hours)."""
         attributed = state is not None and not state.root_only
-        self.scheduler.record(duration_s, attributed, self_time_s)
+        self.scheduler.record(duration_s, attributed, self_time_s, on_demand)
         done = state if attributed else None
         self._notify(lambda obs: obs.forward_done(self, done, raised, exc))
 

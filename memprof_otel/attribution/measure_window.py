@@ -8,7 +8,8 @@ they had: two runs of one build compare different inputs. A window attributes ev
 while it is open (as a deep capture does, without recording allocations) until ``forwards`` of them
 are kept or its owner closes it, and keeps each one's figures under its shape (``baselines/shapes.py``).
 It costs the service what an attributed forward costs, on every forward, while it is open: the
-owner bounds it by a forward count and a time limit.
+owner bounds it by a forward count and a time limit. That cost is counted in the overhead, not in
+the sampling's budget: the sampling attributes afterwards as it did before.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class MeasureWindow:
         self.opened_s = time.monotonic()
         self.closed_s: float | None = None
         self.raised = 0     # forwards that raised: not kept
+        self.dropped = 0    # forwards whose figures were dropped (another forward moved a shared counter)
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._acc = ShapeAccumulator()
@@ -60,11 +62,16 @@ class MeasureWindow:
         return self._done.wait(max(0.0, timeout_s))
 
     def close(self) -> list[ShapeFigures]:
-        """No more forwards; the shapes kept, most forwards first."""
+        """No more forwards (a waiter is woken); the shapes kept, most forwards first."""
         with self._lock:
             if self.closed_s is None:
                 self.closed_s = time.monotonic()
+            self._done.set()
             return self._acc.shapes()
+
+    @property
+    def complete(self) -> bool:
+        return self.kept >= self.forwards
 
     @property
     def seconds(self) -> float:

@@ -126,13 +126,15 @@ class AttributionScheduler:
         self._learn_gap = min(cap or self.LEARN_WAIT_MAX, max(1, 2 * self._learn_gap))
         self._learn_wait = self._learn_gap
 
-    def record(self, duration_s: float, attributed: bool, self_timed_s: float) -> float:
-        """Account one finished forward; returns the attribution cost charged for it."""
+    def record(self, duration_s: float, attributed: bool, self_timed_s: float, on_demand: bool = False) -> float:
+        """Account one finished forward; returns the attribution cost charged for it. ``on_demand``:
+        attributed because a capture or a measuring window asked: its cost is overhead all the
+        same, but not the sampling's to pay back, and the sampling's cadence goes on as it was."""
         with self._lock:
             self._forwards += 1
             if attributed:
                 self._attributed += 1
-                self._since_last = 1
+                self._since_last = self._since_last + 1 if on_demand else 1
                 base = self._plain_ema
                 cost = duration_s if base is None else max(self_timed_s, duration_s - base)
                 cost = min(cost, duration_s)
@@ -146,13 +148,13 @@ class AttributionScheduler:
                 else:
                     self._plain_ema += self._EMA_ALPHA * (plain - self._plain_ema)
             self._spent_s += cost
-            if attributed:
+            if attributed and not on_demand:
                 self._attr_spent_s += cost
             self._forward_s += max(0.0, duration_s - cost)
             if self._first_cost_s is None:
                 self._first_cost_s = cost
                 self._first_plain_s = max(0.0, duration_s - cost)
-                if attributed and self._plain_ema is None:  # charged whole: recharged later
+                if attributed and not on_demand and self._plain_ema is None:  # charged whole: recharged later
                     self._first_attributed_s = duration_s
                     self._first_self_timed_s = self_timed_s
             return cost

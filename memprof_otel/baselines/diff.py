@@ -12,7 +12,10 @@ like is compared with like: a figure only with the same figure on the same shape
 that shape's forwards. A change is one beyond the noise, the larger of the two sides' spreads over
 repeat forwards of that shape, and the thresholds apply to what lies beyond it. A shape only one
 side measured is listed, never judged; a shape with fewer than ``MIN_FORWARDS`` forwards on either
-side has no known noise, and its figures are named unknown, not changed.
+side has no known noise, and its figures are named unknown, not changed. Forwards whose shape was
+not read (the memory model off, a ``shape_of`` that raised) are of unknown shapes: never judged.
+A per-shape diff that could compare no shape fails a gate that set a threshold: a gate that passes
+on nothing is no gate.
 """
 from __future__ import annotations
 
@@ -108,10 +111,21 @@ class BaselineDiff:
     shapes_only_old: tuple[str, ...] = ()      # measured on one side only: listed, never judged
     shapes_only_new: tuple[str, ...] = ()
     shapes_too_few: tuple[tuple[str, int, int], ...] = ()  # (shape, old forwards, new forwards): unknown
+    unread_forwards: tuple[int, int] = (0, 0)  # forwards whose shape was not read (old, new): not judged
 
     @property
     def failures(self) -> tuple[FigureChange, ...]:
         return tuple(c for c in self.changes if c.exceeds)
+
+    @property
+    def judged_nothing(self) -> bool:
+        """Per shape, and no shape could be compared: nothing was judged."""
+        return self.per_shape and not self.shapes_compared
+
+    @property
+    def failed(self) -> bool:
+        """What a gate exits on: a figure past the thresholds, or, with a threshold set, nothing judged."""
+        return bool(self.failures) or (self.thresholds.any and self.judged_nothing)
 
     @property
     def unchanged(self) -> bool:
@@ -120,7 +134,7 @@ class BaselineDiff:
     def to_dict(self) -> dict[str, Any]:
         return {
             "old_model": self.old_model, "new_model": self.new_model,
-            "failed": bool(self.failures),
+            "failed": self.failed,
             "thresholds": {"fail_above": self.thresholds.fail_above,
                            "fail_above_bytes": self.thresholds.fail_above_bytes},
             "changes": [c.to_dict() for c in self.changes],
@@ -135,6 +149,7 @@ class BaselineDiff:
                        "only_new": list(self.shapes_only_new),
                        "too_few_forwards": [{"shape": k, "old_forwards": a, "new_forwards": b}
                                             for k, a, b in self.shapes_too_few],
+                       "unread_forwards": {"old": self.unread_forwards[0], "new": self.unread_forwards[1]},
                        "min_forwards": MIN_FORWARDS},
         }
 
@@ -165,7 +180,7 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
     too_few: list[tuple[str, int, int]] = []
     olds, news = {s.key: s for s in old.shapes}, {s.key: s for s in new.shapes}
     if per_shape:
-        for key in [k for k in olds if k in news]:
+        for key in [k for k in olds if k in news and k]:
             a_s, b_s = olds[key], news[key]
             if min(a_s.forwards, b_s.forwards) < MIN_FORWARDS:
                 too_few.append((key, a_s.forwards, b_s.forwards))
@@ -191,9 +206,10 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
         inputs=_differing(dict(old.inputs), dict(new.inputs)),
         structure_changed=old.fingerprint != new.fingerprint, thresholds=limits, per_shape=per_shape,
         shapes_compared=tuple(compared),
-        shapes_only_old=tuple(k for k in olds if k not in news) if per_shape else (),
-        shapes_only_new=tuple(k for k in news if k not in olds) if per_shape else (),
-        shapes_too_few=tuple(too_few))
+        shapes_only_old=tuple(k for k in olds if k not in news and k) if per_shape else (),
+        shapes_only_new=tuple(k for k in news if k not in olds and k) if per_shape else (),
+        shapes_too_few=tuple(too_few),
+        unread_forwards=(olds[""].forwards if "" in olds else 0, news[""].forwards if "" in news else 0))
 
 
 def _shape_changes(a: ShapeFigures, b: ShapeFigures, pairs: list[tuple[str, str]],

@@ -54,8 +54,9 @@ def verdict(d: BaselineDiff) -> str:
         limits.append(format_bytes(d.thresholds.fail_above_bytes))
     if n:
         return f"FAIL: {n} figure{'s' if n != 1 else ''} grew by more than {' and '.join(limits)}"
-    if d.unchanged and d.per_shape and not d.shapes_compared:
-        return "nothing compared: the two baselines share no shape measured enough on both sides"
+    if d.judged_nothing:
+        why = "the two baselines share no shape measured enough on both sides"
+        return f"FAIL: nothing compared: {why}" if d.thresholds.any else f"nothing compared: {why}"
     if d.unchanged:
         return ("no change beyond the noise of repeat forwards" if d.per_shape
                 else "no change: every layer's figures are the same")
@@ -78,6 +79,9 @@ def _facts(d: BaselineDiff) -> list[str]:
         out.append(f"only in the old baseline, not judged: {'; '.join(k or 'shape not read' for k in d.shapes_only_old)}")
     if d.shapes_only_new:
         out.append(f"only in the new baseline, not judged: {'; '.join(k or 'shape not read' for k in d.shapes_only_new)}")
+    if any(d.unread_forwards):
+        out.append(f"shape not read, not judged: {d.unread_forwards[0]} and {d.unread_forwards[1]} forwards "
+                   "(the memory model's shape features are off, or a shape_of raised)")
     for k, a, b in d.shapes_too_few:
         out.append(f"unknown, too few forwards to know the noise ({a} and {b}, at least "
                    f"{MIN_FORWARDS} a side): {k or 'shape not read'}")
@@ -133,7 +137,7 @@ def _md_table(header: Sequence[str], rows: list[list[str]]) -> list[str]:
 
 def markdown(d: BaselineDiff) -> str:
     """The same for a pull-request comment: a heading with the verdict, a table, bullet lists."""
-    icon = ":x:" if d.failures else ":white_check_mark:"
+    icon = ":x:" if d.failed else ":white_check_mark:"
     lines = [f"### {icon} memprof-otel diff: {verdict(d)}", ""]
     facts = _facts(d)
     if facts:

@@ -129,6 +129,8 @@ def _figure_map(value: Any, where: str) -> dict[str, dict[str, int]]:
             v = figs.get(f)
             if not isinstance(v, int) or isinstance(v, bool):
                 raise BaselineError(f"{where}.{path}.{f}", f"expected an integer, got {v!r}")
+            if v < 0 and (f != "retained_bytes" or "spread" in where):  # a layer may free what it got
+                raise BaselineError(f"{where}.{path}.{f}", f"must be >= 0, got {v}")
         out[str(path)] = {f: int(figs[f]) for f in FIGURES}
     return out
 
@@ -180,8 +182,16 @@ def from_dict(doc: Any, where: str = "baseline") -> Baseline:
                     inputs=_str_map(doc.get("inputs", {}), f"{where}.inputs", nullable=False),
                     environment=_str_map(doc.get("environment", {}), f"{where}.environment", nullable=True),
                     source=str(doc.get("source") or "python"), forwards=forwards,
-                    shapes=tuple(_shape(d, f"{where}.shapes[{i}]")
-                                 for i, d in enumerate(_list(doc.get("shapes", []), f"{where}.shapes"))))
+                    shapes=_shapes(doc.get("shapes", []), f"{where}.shapes"))
+
+
+def _shapes(value: Any, where: str) -> tuple[ShapeFigures, ...]:
+    shapes = tuple(_shape(d, f"{where}[{i}]") for i, d in enumerate(_list(value, where)))
+    keys = [s.key for s in shapes]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise BaselineError(where, f"shape {dup or '(not read)'!r} appears twice")
+    return shapes
 
 
 def _list(value: Any, where: str) -> list[Any]:

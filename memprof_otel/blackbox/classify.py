@@ -14,14 +14,17 @@ Reasons:
   recorded (it hung or failed, and something ended it): evidence ``exit_started``.
 * ``killed``: none of the above: a signal ended it before any exit path ran (SIGKILL most often;
   also an unhandled SIGTERM or a crash) or ``os._exit``: evidence ``no_exit_path``; where a stop
-  signal had been handled before, ``after_stop_signal`` too (the graceful stop was cut short with a
-  forward still in flight: a grace period ran out, a shutdown timeout cancelled it).
+  signal had been handled before, ``after_stop_signal`` too (the graceful stop never ended, or was
+  cut short with a forward still in flight: a grace period ran out, a shutdown timeout cancelled it).
 
 Not a post-mortem: ``stopped``, a graceful stop. The process handled a stop signal (``signals.py``
-notes it: SIGTERM, SIGINT, SIGQUIT, SIGHUP through a Python handler, the server's) and no forward
-was in flight when it ended, with no out-of-memory evidence. uvicorn, for one, re-raises SIGTERM
-after its clean shutdown, so the process dies of the signal with no exit hook run. Evidence
-``stop_signal_handled``.
+notes it: SIGTERM, SIGINT, SIGQUIT, SIGHUP through a Python handler, the server's), its server's
+shutdown then ended (it set that signal's handler again: ``shutdown_done``), and no forward was in
+flight when it ended, with no out-of-memory evidence. uvicorn, for one, restores its handlers and
+re-raises SIGTERM after its clean shutdown, so the process dies of the signal with no exit hook
+run. Evidence ``stop_signal_handled``, ``shutdown_done``. A handled stop signal whose shutdown never
+ended (a handler that only logs and the process served on, a shutdown cut short by SIGKILL at the
+end of a grace period) is ``killed`` with ``after_stop_signal``.
 """
 from __future__ import annotations
 
@@ -77,9 +80,10 @@ def classify(c: Contents, kernel: KernelView) -> tuple[str, list[str]]:
         return OOM_KILL, evidence
     if c.state.get("exiting"):
         return EXITED, ["exit_started"]
-    if isinstance(c.state.get("stop_signal"), dict):
-        if not c.flight:
-            return STOPPED, ["stop_signal_handled"]
+    stop = c.state.get("stop_signal")
+    if isinstance(stop, dict):
+        if not c.flight and isinstance(stop.get("shutdown_done_unix"), (int, float)):
+            return STOPPED, ["stop_signal_handled", "shutdown_done"]
         return KILLED, ["no_exit_path", "after_stop_signal"]
     return KILLED, ["no_exit_path"]
 

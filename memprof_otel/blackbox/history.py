@@ -72,10 +72,14 @@ class History:
         name = record_name(doc.get("ended_unix"), doc.get("pid"), time.time())
         path = os.path.join(self.folder, name)
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(dumps(dict(doc)))
-        self._count(str(doc.get("reason", "")))  # before the record is visible: the floor above leaves it out
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(dumps(dict(doc)))
+            self._count(str(doc.get("reason", "")))  # before the record is visible: the floor above leaves it out
+            os.replace(tmp, path)
+        except OSError:  # a full disk: no half-written file stays behind
+            _unlink(tmp)
+            raise
         self._cache[name] = dict(doc)
         self.prune()
         return name
@@ -92,9 +96,13 @@ class History:
             counts[reason] += 1
             path = os.path.join(self.folder, COUNTS)
             tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as f:
-                f.write(dumps(dict(counts)))
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(dumps(dict(counts)))
+                os.replace(tmp, path)
+            except OSError:
+                _unlink(tmp)
+                raise
         finally:
             os.close(fd)  # releases the lock
 
@@ -157,3 +165,10 @@ class History:
             self._counts = self._read_counts()
             self._counts_seen = seen
         return Counter(self._counts)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -49,17 +49,18 @@ _SHAPE_CACHE = 1024         # (model, root, features, operation) payloads kept p
 def service_key(service_name: str, argv: list[str] | None = None, cwd: str | None = None) -> str:
     """What tells this service's black boxes and post-mortems from another's: its name where one was
     given; for a service left unnamed (``memprof-otel``), the name and a digest of the working
-    directory and the command (its program and arguments, options left out: the workers of a
-    server and its restarts share it, another program on the host does not)."""
+    directory and the whole command line (program path and every argument): the workers of a
+    server (gunicorn's forks, uvicorn's and LitServe's spawned workers, torchrun's ranks get their
+    parent's) and its restarts share it; another command, or the same one with other options
+    (``--port=8001`` and ``--port=8002``), does not."""
     if service_name != DEFAULT_SERVICE_NAME:
         return service_name
     args = list(sys.argv if argv is None else argv)
-    command = [os.path.basename(args[0]) if args else ""] + [a for a in args[1:] if not a.startswith("-")]
     try:
         where = os.getcwd() if cwd is None else cwd
     except OSError:
         where = ""
-    digest = hashlib.sha256("\0".join([where, *command]).encode("utf-8", "replace")).hexdigest()[:10]
+    digest = hashlib.sha256("\0".join([where, *args]).encode("utf-8", "replace")).hexdigest()[:10]
     return f"{service_name}-{digest}"
 
 
@@ -191,6 +192,7 @@ class BlackBox:
         self._history: History | None = None
         self._history_error: str | None = None
         self._pending_signal: dict[str, Any] | None = None
+        self._pending_done: tuple[int, float] | None = None
         self.folder: Path | None = None
         self.service_key: str | None = None
         self.disabled_reason: str | None = "not started"
@@ -261,7 +263,7 @@ class BlackBox:
             self._state = {}
             self._writer.write_state(self._state)
         self.disabled_reason = None
-        signals.install(self._note_signal)
+        signals.install(self._note_signal, self._note_restored)
         self._arm_watch()
         if self._scanned_pid != pid:
             self._scanned_pid = pid
@@ -291,7 +293,7 @@ class BlackBox:
         self._flight, self._free = [], []
         self._scan_done = threading.Event()
         self._scan_done.set()
-        self._pending_signal = None
+        self._pending_signal = self._pending_done = None
         self.postmortems = []
         self._unfiled = []
         self.counts = Counter(dict.fromkeys(REASONS, 0))
@@ -362,6 +364,8 @@ class BlackBox:
             self._flight[token] = None
             w.clear_flight(token)
             self._free.append(token)
+            if self._pending_signal is not None or self._pending_done is not None:
+                self._write_signal()  # a stop signal that arrived while this held the lock
 
     def _refresh_flight(self, limit_reached: bool = False) -> None:
         """Write the layer each forward is in now (under the lock)."""
@@ -420,28 +424,46 @@ class BlackBox:
             if w is not None:
                 w.write_sample(body)
                 self._refresh_flight()
-                if self._pending_signal is not None:
+                if self._pending_signal is not None or self._pending_done is not None:
                     self._write_signal()
 
     def _note_signal(self, signum: int) -> None:
         """A stop signal reached a Python handler (the server's), noted before that handler runs.
         This runs on the main thread between two bytecodes of whatever it was running, which may
-        hold the lock (a forward's ``closed``): then the note waits for the next tick, never for
-        the lock."""
+        hold the lock (a forward's ``closed``): then the note is left pending, and whoever holds the
+        lock writes it before letting go (``closed``, a tick, a notification); it never waits for
+        the lock long (another thread's hold is a copy or two)."""
         self._pending_signal = {"signum": int(signum), "name": signals.name(signum), "t": time.time()}
-        if self._lock.acquire(blocking=False):
+        if self._lock.acquire(timeout=0.05):
+            try:
+                self._write_signal()
+            finally:
+                self._lock.release()
+
+    def _note_restored(self, signum: int) -> None:
+        """A handler of a stop signal noted before was set again: the server's shutdown ended (uvicorn
+        restores the handlers it found, then re-raises the signal). It may be set from inside a
+        signal handler, so the lock is waited for as briefly as in ``_note_signal``."""
+        self._pending_done = (signum, time.time())
+        if self._lock.acquire(timeout=0.05):
             try:
                 self._write_signal()
             finally:
                 self._lock.release()
 
     def _write_signal(self) -> None:
-        """(under the lock)"""
+        """The pending stop-signal notes into the state (under the lock)."""
         note, self._pending_signal = self._pending_signal, None
-        if note is None or self._writer is None:
+        done, self._pending_done = self._pending_done, None
+        if self._writer is None:
             return
-        self._state["stop_signal"] = note
-        self._writer.write_state(self._state)
+        if note is not None:
+            self._state["stop_signal"] = note
+        current = self._state.get("stop_signal")
+        if done is not None and isinstance(current, dict) and current.get("signum") == done[0]:
+            current["shutdown_done_unix"] = done[1]
+        if note is not None or done is not None:
+            self._writer.write_state(self._state)
 
     def _limit_event(self, kind: str, usage: int | None) -> None:
         now = time.time()
@@ -458,6 +480,8 @@ class BlackBox:
                 self._state["near_limit"] = {"t": now, "usage_bytes": usage, "threshold_bytes": threshold,
                                              "above": above}
                 self._refresh_flight(limit_reached=above)
+            if self._pending_signal is not None or self._pending_done is not None:
+                self._write_signal()
             self._writer.write_state(self._state)
 
     # ---- the post-mortems ------------------------------------------------------------------------

@@ -16,9 +16,16 @@ signal (an attribute store and a copy into the black box's mapping), then as it 
 wrapper, so code that saves and restores handlers, or compares them, sees what it expects.
 ``SIG_DFL`` and ``SIG_IGN`` are installed as they are: a process whose stop signal nobody
 handles dies at once, as without this library, and is not called a graceful stop.
+
+A handled signal alone does not make a graceful stop: a handler may only log, or reopen log files
+(SIGHUP), and the server keeps serving. What ends a graceful stop is the server's shutdown, and the
+servers that die of the signal afterwards set a handler of that signal again first (uvicorn restores
+the handlers it found, then re-raises): a stop signal's handler set after that signal was noted is
+told too (``restored``), and only both together are a graceful stop (``classify.py``).
 """
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from typing import Any, Callable
@@ -28,6 +35,8 @@ STOP_SIGNALS: tuple[int, ...] = tuple(
 
 _lock = threading.Lock()
 _note: Callable[[int], None] | None = None
+_restored: Callable[[int], None] | None = None
+_noted: set[int] = set()  # the stop signals a handler ran for
 _real_signal: Callable[..., Any] | None = None
 _real_getsignal: Callable[..., Any] | None = None
 
@@ -41,6 +50,7 @@ class NotedHandler:
         self.handler = handler
 
     def __call__(self, signum: int, frame: Any) -> Any:
+        _noted.add(signum)
         note = _note
         if note is not None:
             try:
@@ -65,7 +75,16 @@ def _wrap(signum: int, h: Any) -> Any:
 
 def _signal(signalnum: Any, handler: Any) -> Any:
     assert _real_signal is not None
-    return _unwrap(_real_signal(signalnum, _wrap(int(signalnum), handler)))
+    if not isinstance(signalnum, int):  # the real call raises what it always raised
+        return _unwrap(_real_signal(signalnum, handler))
+    previous = _unwrap(_real_signal(signalnum, _wrap(signalnum, handler)))
+    after = _restored
+    if signalnum in _noted and after is not None:
+        try:
+            after(signalnum)
+        except Exception:  # the note is an extra: the caller's handler is set whatever happens
+            pass
+    return previous
 
 
 def _getsignal(signalnum: Any) -> Any:
@@ -73,15 +92,18 @@ def _getsignal(signalnum: Any) -> Any:
     return _unwrap(_real_getsignal(signalnum))
 
 
-def install(note: Callable[[int], None]) -> bool:
-    """Note every handled stop signal with ``note(signum)`` from now on (the latest ``note`` wins).
-    The handlers in place now are wrapped where this runs on the main thread (the only one that may
-    set them); True when they were."""
-    global _note, _real_signal, _real_getsignal
+def install(note: Callable[[int], None], restored: Callable[[int], None] | None = None) -> bool:
+    """Note every handled stop signal with ``note(signum)`` from now on, and a handler of a noted
+    stop signal set again with ``restored(signum)`` (the latest callbacks win). The handlers in place
+    now are wrapped where this runs on the main thread (the only one that may set them); True when
+    they were."""
+    global _note, _restored, _real_signal, _real_getsignal
     with _lock:
-        _note = note
+        _note, _restored = note, restored
         if _real_signal is None:
             _real_signal, _real_getsignal = signal.signal, signal.getsignal
+            functools.update_wrapper(_signal, _real_signal)
+            functools.update_wrapper(_getsignal, _real_getsignal)
             signal.signal, signal.getsignal = _signal, _getsignal  # type: ignore[assignment]
     if threading.current_thread() is not threading.main_thread():
         return False
@@ -97,8 +119,9 @@ def install(note: Callable[[int], None]) -> bool:
 
 def stop_noting() -> None:
     """No more notes (the handlers stay wrapped: unwrapping them would race the server's own)."""
-    global _note
-    _note = None
+    global _note, _restored
+    _note = _restored = None
+    _noted.clear()
 
 
 def name(signum: int) -> str:

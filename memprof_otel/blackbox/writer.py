@@ -28,7 +28,12 @@ class Writer:
         self.layout = layout
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.ftruncate(fd, layout.size)  # a sparse file: pages are allocated as they are written
+            os.ftruncate(fd, layout.size)
+            if hasattr(os, "posix_fallocate"):
+                # every block reserved now: a write through the mapping to a page the filesystem cannot
+                # back (a full disk, an emptyDir at its size limit) is a SIGBUS that kills the process,
+                # where this is an OSError (ENOSPC) that turns the black box off
+                os.posix_fallocate(fd, 0, layout.size)
             self._mm = mmap.mmap(fd, layout.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)

@@ -61,4 +61,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         print(markdown(result) if args.markdown else text(result), end="" if args.markdown else "\n")
-    return EXIT_ADVICE if result.failures else 0
+    return EXIT_ADVICE if result.failed else 0

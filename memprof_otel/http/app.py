@@ -642,16 +642,19 @@ class Endpoint:
         except InstrumentationError as e:
             raise HttpError(409, "uninstrumented", str(e)) from None
         try:
-            complete = win.wait(timeout)
+            win.wait(timeout)
         finally:
             h.end_window(win)
         shapes = win.close()
         cost = {"forwards_requested": forwards, "forwards_kept": win.kept, "forwards_raised": win.raised,
-                "complete": complete, "seconds": round(win.seconds, 3), "timeout_seconds": timeout,
+                "forwards_dropped": win.dropped, "complete": win.complete, "seconds": round(win.seconds, 3),
+                "timeout_seconds": timeout,
                 "overhead_seconds": round(max(0.0, h.overhead_seconds - before), 6)}
         if not shapes:
-            raise HttpError(504, "no_forward_in_time", f"no forward of {h.name!r} ran within {timeout:g} s: "
-                            "send traffic while the baseline is taken")
+            dropped = (f" ({win.dropped} ran but overlapped another forward on the device: their figures "
+                       "were dropped; send the baseline's traffic one request at a time)" if win.dropped else "")
+            raise HttpError(504, "no_forward_in_time", f"no forward of {h.name!r} was kept within {timeout:g} s"
+                            f"{dropped}: send traffic while the baseline is taken")
         env: dict[str, str | None] = {"device": h.last_device}
         env.update(h.environment())
         body = from_shapes(h.name, shapes, h.layer_signatures(), environment=env).to_dict()

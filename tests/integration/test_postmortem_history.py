@@ -186,9 +186,10 @@ def test_unnamed_services_get_default_folders_of_their_own(tmp_path, children):
     other_script = tmp_path / "other_app.py"
     other_script.write_text("import sys\nfrom tests.integration.history_child import main\nmain(sys.argv[1:])\n")
     env = _env(tmp, None, None)  # no service name, no black box folder: the defaults under TMPDIR
-    # GIVEN four unnamed processes: two of one program in one working dir (one with an option
-    # more), the same program in another working dir, another script in the first working dir
+    # GIVEN five unnamed processes: two of one command in one working dir (a restart), the same
+    # program with an option more, the same command in another working dir, another script
     procs = {"first": children.start(env, cwd=w1),
+             "a restart": children.start(env, cwd=w1),
              "same, with an option": children.start(env, "--verbose", cwd=w1),
              "another dir": children.start(env, cwd=w2),
              "another script": children.start(env, cwd=w1, program=[sys.executable, str(other_script)])}
@@ -204,10 +205,10 @@ def test_unnamed_services_get_default_folders_of_their_own(tmp_path, children):
         assert folder.parent == tmp and folder.name == f"memprof-otel-blackbox-{key}"
         assert folder.is_dir() and (folder.stat().st_mode & 0o077) == 0
         assert any(n.startswith(f"{procs[k].pid}-") for n in _boxes(folder))
-    assert keys["first"] == keys["same, with an option"]
-    assert len({keys["first"], keys["another dir"], keys["another script"]}) == 3, keys
+    assert keys["first"] == keys["a restart"]
+    assert len({keys["first"], keys["same, with an option"], keys["another dir"], keys["another script"]}) == 4, keys
     # and none of them reads another's: each sees no other service's file (each folder is its own)
-    assert all(d["skipped_files"]["other_service"] == 0 for d in docs.values())
+    assert all(d["skipped_files"]["other_service"] == 0 for k, d in docs.items() if k not in ("first", "a restart"))
     for p in procs.values():
         children.stop(p)
 

@@ -235,3 +235,43 @@ def test_uvicorn_workers_stopped_with_sigterm_leave_no_postmortem(tmp_path: Path
         doc = _postmortems(base, log)
         assert doc["postmortems"] == [] and doc["graceful_stops"] == len(left), (left, doc)
         assert not set(left) & set(_files(tmp_path))
+
+
+_LOGS_AND_SERVES_ON = """
+import signal, sys, time, torch
+import memprof_otel as mp
+signal.signal(signal.SIGTERM, lambda s, f: print("SIGTERM: reopening logs", flush=True))  # serves on
+model = torch.nn.Linear(8, 8)
+mp.instrument(model, name="tokens")
+with torch.no_grad():
+    model(torch.randn(2, 8))
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_handled_sigterm_whose_process_served_on_and_was_then_killed_is_a_death(tmp_path: Path) -> None:
+    from tests.integration.helpers import next_process_postmortems
+    env = _env(tmp_path)
+    # GIVEN a process whose SIGTERM handler only logs (it never shuts down)
+    proc = subprocess.Popen([sys.executable, "-c", _LOGS_AND_SERVES_ON], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        # WHEN it gets SIGTERM, serves on, and is SIGKILLed idle later (a grace period's end)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().startswith("SIGTERM")
+        time.sleep(0.5)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # THEN the next process files its death: the stop signal was handled, the shutdown never ended
+    doc = next_process_postmortems(sys.executable, env, str(REPO))
+    (pm,) = [p for p in doc["postmortems"] if p["pid"] == proc.pid]
+    assert pm["reason"] == "killed" and pm["evidence"] == ["no_exit_path", "after_stop_signal"], pm["evidence"]
+    assert doc["graceful_stops"] == 0

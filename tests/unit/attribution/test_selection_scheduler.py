@@ -187,3 +187,26 @@ def test_each_kind_of_shape_has_its_own_first_forwards():
     assert not s.may_learn()  # a new shape it had no room for: the next look waits a forward
     s.record(0.01, False, 0.0)
     assert s.may_learn() and s.claim("prefill")  # the prompts still have theirs
+
+
+def test_forwards_attributed_on_demand_are_overhead_but_not_the_samplings_to_pay_back():
+    # GIVEN the shipped budget and traffic at 10 ms a forward, 20 ms when attributed
+    def run(on_demand_first: int) -> int:
+        s = AttributionScheduler(every_n=1, budget=0.01)
+        for _ in range(on_demand_first):  # a measuring window (or a capture) attributed these
+            s.record(0.020, True, 0.0, on_demand=True)
+        picked = 0
+        for _ in range(5000):
+            a = s.should_attribute()
+            s.record(0.020 if a else 0.010, a, 0.0)
+            picked += a
+        return picked
+    # WHEN 500 forwards were attributed on demand before the traffic (5 s of cost)
+    # THEN the sampling afterwards attributes as many forwards as without them, not none
+    assert abs(run(500) - run(0)) <= 3, (run(500), run(0))
+    s = AttributionScheduler(every_n=1, budget=0.01)
+    s.record(0.020, True, 0.0, on_demand=True)
+    s.record(0.010, False, 0.0)
+    s.record(0.020, True, 0.0, on_demand=True)
+    st = s.state()
+    assert st.attributed == 2 and st.attribution_seconds > 0  # counted as overhead all the same

@@ -87,3 +87,32 @@ def test_fail_above_is_a_percentage_with_its_sign(value, expected):
 def test_a_bare_number_or_a_bad_percentage_is_refused_saying_how_to_write_it(value):
     with pytest.raises(ValueError, match="percentage"):
         parse_fail_above(value)
+
+
+def test_a_diff_that_could_compare_no_shape_fails_a_gate_and_unread_shapes_are_never_judged():
+    # GIVEN forwards whose shape was not read (the memory model off): all under one unknown shape,
+    # the spread over different inputs, which would hide any growth
+    acc_old, acc_new = ShapeAccumulator(), ShapeAccumulator()
+    for root in (100, 900, 500):
+        acc_old.add(None, fw(root, 50))
+        acc_new.add(None, fw(root * 2, 50))
+    old, new = from_shapes("m", acc_old.shapes(), SIGS), from_shapes("m", acc_new.shapes(), SIGS)
+    d = diff(old, new, Thresholds(fail_above=0.02))
+    # THEN nothing is judged, and a gate with a threshold fails, saying why
+    assert d.judged_nothing and d.failed and not d.failures and d.unread_forwards == (3, 3)
+    assert text(d).startswith("memprof-otel diff: FAIL: nothing compared")
+    assert "shape not read, not judged: 3 and 3 forwards" in text(d)
+    # AND without a threshold it is reported, not failed
+    assert not diff(old, new).failed
+
+
+def test_a_file_with_a_shape_twice_or_a_negative_spread_is_refused():
+    import json
+    from memprof_otel.baselines import BaselineError
+    doc = baseline({(2, 8): [(100, 50)] * 3}).to_dict()
+    twice = dict(doc, shapes=doc["shapes"] * 2)
+    with pytest.raises(BaselineError, match="appears twice"):
+        loads(json.dumps(twice))
+    doc["shapes"][0]["layers"][""]["spread"]["peak_increase_bytes"] = -1
+    with pytest.raises(BaselineError, match=">= 0"):
+        loads(json.dumps(doc))

@@ -57,12 +57,28 @@ def test_the_end_is_the_last_moment_the_record_shows():
 SIGTERM_NOTED = {"stop_signal": {"signum": 15, "name": "SIGTERM", "t": 50.0}}
 
 
-def test_a_handled_stop_signal_with_nothing_in_flight_is_a_graceful_stop_not_a_post_mortem():
-    assert classify(_c(SIGTERM_NOTED), KernelView()) == ("stopped", ["stop_signal_handled"])
+SHUTDOWN_DONE = {"stop_signal": {**SIGTERM_NOTED["stop_signal"], "shutdown_done_unix": 52.0}}
+
+
+def test_a_handled_stop_signal_whose_shutdown_ended_with_nothing_in_flight_is_a_graceful_stop():
+    assert classify(_c(SHUTDOWN_DONE), KernelView()) == ("stopped", ["stop_signal_handled", "shutdown_done"])
+    # handled, but the shutdown never ended (a handler that only logs, then a SIGKILL while idle)
+    assert classify(_c(SIGTERM_NOTED), KernelView()) == ("killed", ["no_exit_path", "after_stop_signal"])
     # a forward still in flight when it died: the graceful stop was cut short (a grace period ran out)
-    assert classify(_c(SIGTERM_NOTED, [{**FLIGHT, "limit_reached": False}]), KernelView()) == \
+    assert classify(_c(SHUTDOWN_DONE, [{**FLIGHT, "limit_reached": False}]), KernelView()) == \
         ("killed", ["no_exit_path", "after_stop_signal"])
     # the OOM killer's evidence comes first, whatever was handled before
-    assert classify(_c(SIGTERM_NOTED), KernelView(kernel_log_kill=True)) == ("oom_kill", ["kernel_log"])
+    assert classify(_c(SHUTDOWN_DONE), KernelView(kernel_log_kill=True)) == ("oom_kill", ["kernel_log"])
     # an exit that began after the signal and never finished is still ``exited``
     assert classify(_c({**SIGTERM_NOTED, "exiting": True}), KernelView()) == ("exited", ["exit_started"])
+
+
+def test_an_unnamed_services_key_is_its_whole_command_line_and_working_directory():
+    from memprof_otel.blackbox.service import service_key
+    a = ["/venv/lib/uvicorn/__main__.py", "app:app", "--port=8001"]
+    assert service_key("memprof-otel", a, "/srv") == service_key("memprof-otel", list(a), "/srv")  # a restart
+    assert service_key("memprof-otel", a[:2] + ["--port=8002"], "/srv") != service_key("memprof-otel", a, "/srv")
+    assert service_key("memprof-otel", ["/venv/lib/gunicorn/__main__.py", *a[1:]], "/srv") != \
+        service_key("memprof-otel", a, "/srv")
+    assert service_key("memprof-otel", a, "/other") != service_key("memprof-otel", a, "/srv")
+    assert service_key("embedder", a, "/srv") == "embedder"  # a named service is its name

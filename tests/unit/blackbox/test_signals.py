@@ -115,3 +115,28 @@ def test_install_off_the_main_thread_patches_but_cannot_wrap_what_is_in_place():
         t.start()
         t.join()
         raise err[0]
+
+
+def test_a_noted_stop_signals_handler_set_again_is_told_as_the_end_of_the_shutdown():
+    got: list[int] = []
+    restored: list[int] = []
+    saved = signal.getsignal(signal.SIGHUP)
+    try:
+        signals.install(got.append, restored.append)
+        original = signal.signal(signal.SIGHUP, lambda s, f: None)   # what uvicorn's serve() does
+        signal.signal(signal.SIGHUP, lambda s, f: None)             # set again before any signal: nothing
+        assert restored == []
+        os.kill(os.getpid(), signal.SIGHUP)
+        signal.signal(signal.SIGHUP, original)                      # its exit restores what it found
+        assert got == [signal.SIGHUP] and restored == [signal.SIGHUP]
+    finally:
+        signals.stop_noting()
+        signal.signal(signal.SIGHUP, saved)
+
+
+def test_the_wrapped_functions_keep_their_names_and_errors():
+    signals.install(lambda s: None)
+    signals.stop_noting()
+    assert signal.signal.__name__ == "signal" and signal.getsignal.__name__ == "getsignal"
+    with pytest.raises(TypeError):
+        signal.signal("x", signal.SIG_DFL)
