@@ -59,12 +59,16 @@ def _tail(log: Path) -> str:
 FIRST = (
     "tests/integration/test_oom_cgroup.py",
     "tests/integration/test_capacity_real_models.py",
+    "tests/integration/test_live_baselines.py",         # ten fresh uvicorn services, about 80 s
+    "tests/integration/test_postmortem_history.py",     # a crash loop of real processes, about 70 s
     "tests/integration/test_examples.py",
     "tests/integration/test_memory_breakdown.py",
     "tests/integration/test_compile.py",
+    "tests/integration/test_postmortems_in_servers.py",  # uvicorn and gunicorn stopped and killed, about 50 s
     "tests/integration/test_collector_down.py",
     "tests/integration/test_prefork.py",
     "tests/integration/test_cli.py",
+    "tests/integration/test_postmortem_cause_back_to_back.py",  # a cgroup OOM, about 25 s
     "tests/unit/test_install_fit.py",
     "tests/integration/test_config_in_containers.py",
     "tests/integration/test_assets_against_demo.py",
