@@ -58,6 +58,7 @@ def _tail(log: Path) -> str:
 # long ones; then the files that need a side venv; then every other file, in collection order.
 FIRST = (
     "tests/integration/test_oom_cgroup.py",
+    "tests/integration/test_oom_cgroup_models.py",      # two more cgroup children, about a minute each
     "tests/integration/test_capacity_real_models.py",
     "tests/integration/test_live_baselines.py",         # ten fresh uvicorn services, about 80 s
     "tests/integration/test_postmortem_history.py",     # a crash loop of real processes, about 70 s

@@ -1,0 +1,62 @@
+"""The capacity model's table on the kinds of call servers run, against the kernel's OOM killer, on
+the shipped defaults: a GPT-2 served only through ``generate()`` (the table is about its prompts,
+the logits it really computes) and a ViT on pixels. Each child (``oom_cgroup_models_child.py``) runs
+in a fresh v1 memory cgroup of 900 MiB until the table names a safe batch, then runs it, then 1.25x,
+2x, 3x, 4x, 6x and 8x it until the kernel kills it.
+
+The references are the kernel's: the child's exit status (SIGKILL) at the batch it was running,
+and the cgroup's own ``oom_kill`` counter. The safe batch must survive, an answer must come within
+two minutes, and a batch far past the limit must not be called fitting. Under the defaults the
+answer is timid (glibc's heap keeps what earlier forwards freed, and the allowance covers the worst
+rise seen): in the runs here the kill came at 1.24x-2x the safe batch for the ViT and at 3x-4x for
+the GPT-2's prompts, so the test asks only that it come by 8x (the table is not absurdly timid);
+the 1.25x that the fixed mmap threshold reaches is test_oom_cgroup.py's."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import cgroup_truth
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+CHILD = Path(__file__).with_name("oom_cgroup_models_child.py")
+LIMIT = 900 << 20
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "vit"])
+def test_the_table_on_the_defaults_is_safe_under_the_kernel_for_generate_and_pixels(kind: str) -> None:
+    cg = cgroup_truth.make_v1_memory_cgroup(f"memprof-oom-{kind}", LIMIT)
+    if cg is None:
+        pytest.skip("no writable v1 memory cgroup here (root and /sys/fs/cgroup/memory are needed)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
+    env.update(OTEL_SDK_DISABLED="true", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    try:
+        before = cgroup_truth.v1_oom_kills(cg)
+        # GIVEN a child in the cgroup: it joins it before it imports anything
+        proc = subprocess.run(["sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && exec "{sys.executable}" "{CHILD}" {kind}'],
+                              capture_output=True, text=True, timeout=400, env=env)
+        kills = cgroup_truth.v1_oom_kills(cg) - before
+    finally:
+        cgroup_truth.remove_dir(cg)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    asked = next((r for r in records if r["phase"] == "asked"), None)
+    assert asked is not None, proc.stderr[-3000:]
+    # THEN an answer came within two minutes, and a batch far past the limit is not called fitting
+    assert asked["safe"], asked
+    assert asked["learnt_s"] < 120 and asked["fits_far"] is False, asked
+    if kind == "gpt2":  # the table is about what generate() computes: its prompts' last logits
+        assert asked["table_call"]["kind"] == "generate", asked["table_call"]
+    ran = [r["batch"] for r in records if r["phase"] == "ran"]
+    tried = [r["batch"] for r in records if r["phase"] == "trying"]
+    safe = asked["safe"]
+    # AND the safe batch survived; the kernel's OOM killer ended the child at a larger one, by 8x
+    assert safe in ran, records
+    assert proc.returncode == -signal.SIGKILL and kills >= 1, (proc.returncode, kills, records)
+    assert safe < tried[-1] <= 8 * safe and tried[-1] not in ran, records
+    print(f"{kind}: safe {safe}, killed at {tried[-1]} ({tried[-1] / safe:.2f}x), answer after {asked['learnt_s']} s")
