@@ -37,33 +37,6 @@ def start_ticks(pid: int | str = "self", proc: str = "/proc") -> int | None:
         return None
 
 
-class Resident:
-    """This process's resident size, read from ``/proc/self/statm`` through a descriptor kept open
-    (one ``pread``: about 3 us), for the forward path's one read at the start of a forward that
-    begins with none other in flight. Reopened in a forked child; None where it cannot be read."""
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._pid = -1
-        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-        self._failed = False
-
-    def read(self) -> int | None:
-        if self._failed:
-            return None
-        try:
-            if self._pid != os.getpid():
-                if self._fd is not None:
-                    os.close(self._fd)
-                self._fd = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
-                self._pid = os.getpid()
-            assert self._fd is not None
-            return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-        except (OSError, ValueError, IndexError):
-            self._failed = True  # no /proc here: the figure comes from the ticks instead
-            return None
-
-
 def alive(pid: int, ticks: int | None, proc: str = "/proc") -> bool:
     """Whether process ``pid`` started at ``ticks`` still runs (a zombie does not: it ended)."""
     text = read_text(os.path.join(proc, str(pid), "stat"))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..config import DEFAULT_SERVICE_NAME, BlackboxConfig
+from ..sources.process import ProcessSource
 from ..timeline import Sample
 from . import kernel, signals
 from .classify import REASONS, STOPPED, KernelView, classify, ended_unix
@@ -188,7 +189,7 @@ class BlackBox:
         self._scanned_pid: int | None = None
         self._scan_done = threading.Event()
         self._scan_done.set()
-        self._resident = kernel.Resident()
+        self._process: ProcessSource | None = None  # the resident size at a forward's start: one statm pread
         self._history: History | None = None
         self._history_error: str | None = None
         self._pending_signal: dict[str, Any] | None = None
@@ -263,6 +264,8 @@ class BlackBox:
             self._state = {}
             self._writer.write_state(self._state)
         self.disabled_reason = None
+        if self._process is None:  # its own (this layer does not reach the sources registry, which loads torch)
+            self._process = ProcessSource()
         signals.install(self._note_signal, self._note_restored)
         self._arm_watch()
         if self._scanned_pid != pid:
@@ -349,8 +352,9 @@ class BlackBox:
             if len(self._cache) >= _SHAPE_CACHE:
                 self._cache.clear()
             self._cache[key] = slot
+        proc = self._process
         self._flight[idx] = _Flight(model, root, features, op, time.time(), state,
-                                    self._resident.read() if idle else None)
+                                    proc.resident_now() if idle and proc is not None else None)
         w.open_flight(idx, slot)
         return idx
 
@@ -364,8 +368,7 @@ class BlackBox:
             self._flight[token] = None
             w.clear_flight(token)
             self._free.append(token)
-            if self._pending_signal is not None or self._pending_done is not None:
-                self._write_signal()  # a stop signal that arrived while this held the lock
+            self._write_pending()  # a stop signal that arrived while this held the lock
 
     def _refresh_flight(self, limit_reached: bool = False) -> None:
         """Write the layer each forward is in now (under the lock)."""
@@ -424,8 +427,7 @@ class BlackBox:
             if w is not None:
                 w.write_sample(body)
                 self._refresh_flight()
-                if self._pending_signal is not None or self._pending_done is not None:
-                    self._write_signal()
+                self._write_pending()
 
     def _note_signal(self, signum: int) -> None:
         """A stop signal reached a Python handler (the server's), noted before that handler runs.
@@ -434,35 +436,39 @@ class BlackBox:
         lock writes it before letting go (``closed``, a tick, a notification); it never waits for
         the lock long (another thread's hold is a copy or two)."""
         self._pending_signal = {"signum": int(signum), "name": signals.name(signum), "t": time.time()}
-        if self._lock.acquire(timeout=0.05):
-            try:
-                self._write_signal()
-            finally:
-                self._lock.release()
+        self._write_pending_soon()
 
     def _note_restored(self, signum: int) -> None:
         """A handler of a stop signal noted before was set again: the server's shutdown ended (uvicorn
         restores the handlers it found, then re-raises the signal). It may be set from inside a
         signal handler, so the lock is waited for as briefly as in ``_note_signal``."""
         self._pending_done = (signum, time.time())
+        self._write_pending_soon()
+
+    def _write_pending_soon(self) -> None:
+        """The pending notes written now if the lock is had within 50 ms; else by its holder."""
         if self._lock.acquire(timeout=0.05):
             try:
-                self._write_signal()
+                self._write_pending()
             finally:
                 self._lock.release()
 
-    def _write_signal(self) -> None:
-        """The pending stop-signal notes into the state (under the lock)."""
+    def _merge_pending(self) -> bool:
+        """The pending stop-signal notes into the state (under the lock); whether there were any."""
         note, self._pending_signal = self._pending_signal, None
         done, self._pending_done = self._pending_done, None
-        if self._writer is None:
-            return
         if note is not None:
             self._state["stop_signal"] = note
         current = self._state.get("stop_signal")
         if done is not None and isinstance(current, dict) and current.get("signum") == done[0]:
             current["shutdown_done_unix"] = done[1]
-        if note is not None or done is not None:
+        return note is not None or done is not None
+
+    def _write_pending(self) -> None:
+        """(under the lock) Any pending notes merged and written; nothing when there are none."""
+        if self._pending_signal is None and self._pending_done is None:
+            return
+        if self._merge_pending() and self._writer is not None:
             self._writer.write_state(self._state)
 
     def _limit_event(self, kind: str, usage: int | None) -> None:
@@ -480,8 +486,7 @@ class BlackBox:
                 self._state["near_limit"] = {"t": now, "usage_bytes": usage, "threshold_bytes": threshold,
                                              "above": above}
                 self._refresh_flight(limit_reached=above)
-            if self._pending_signal is not None or self._pending_done is not None:
-                self._write_signal()
+            self._merge_pending()  # written with the event, in one write
             self._writer.write_state(self._state)
 
     # ---- the post-mortems ------------------------------------------------------------------------

@@ -210,6 +210,12 @@ class ProcessSource:
         self._last = Reading(rss, virtual, self._peak, 0, 0, 0.0, self._vpeak)
         return self._last
 
+    def resident_now(self) -> int | None:
+        """The RSS now, from the same statm pread, without moving the since-reset peak the sampler
+        reports (the black box reads it at a forward's start); None where statm cannot be read."""
+        figures = self._statm()
+        return figures[0] if figures is not None else None
+
     def reading(self) -> Reading:
         """RSS, virtual size and since-reset RSS peak from one statm pread (~1 us); if statm
         cannot be read, the last good reading (zeros before the first)."""
