@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from ..retention import expired
 from .format import dumps
 
 RECORD_SUFFIX = ".json"
@@ -50,8 +51,7 @@ def ended_of(name: str) -> float | None:
 
 def to_remove(names: Iterable[str], keep: int, keep_seconds: float, now: float) -> list[str]:
     """The records retention drops: all but the ``keep`` newest, and any older than ``keep_seconds``."""
-    dated = sorted(((t, n) for n in names if (t := ended_of(n)) is not None), reverse=True)
-    return [n for i, (t, n) in enumerate(dated) if i >= keep or now - t > keep_seconds]
+    return expired(((t, n) for n in names if (t := ended_of(n)) is not None), keep, keep_seconds, now)
 
 
 class History:

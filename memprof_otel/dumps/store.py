@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import DumpNotFound, ExportError, InvalidDumpId
 from ..files import write_bytes_atomic
+from ..retention import expired
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ def sweep_gone(service_name: str, keep: int, keep_seconds: float, alive: Callabl
     ``blackbox.keep``/``keep_for``), so a crash loop's per-process folders do not pile up in the
     temp dir. A folder whose pid runs now is left alone (a worker, or a reused pid: either way not
     known to be gone), and so is one that is not this user's plain folder. The folders removed."""
-    root = Path(base if base is not None else tempfile.gettempdir())
-    prefix = f"memprof-otel-dumps-{sanitize_model(service_name) or 'memprof-otel'}-"
+    template = default_dir(service_name, "", base)  # the folder name without its pid
+    root, prefix = template.parent, template.name
     now = time.time() if now is None else now
     gone: list[tuple[float, Path]] = []
     try:
@@ -125,13 +126,10 @@ def sweep_gone(service_name: str, keep: int, keep_seconds: float, alive: Callabl
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             continue
         gone.append((st.st_mtime, path))
-    gone.sort(reverse=True)
-    removed = []
-    for i, (mtime, path) in enumerate(gone):
-        if i >= keep or now - mtime > keep_seconds:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(str(path))
-    return removed
+    removed = expired(gone, keep, keep_seconds, now)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return [str(p) for p in removed]
 
 
 class _Written:
