@@ -33,6 +33,13 @@ class CommandError(MemprofError):
 TOKEN_ENV = "MEMPROF_OTEL_HTTP_TOKEN"  # the endpoint's own setting: one variable for both sides
 
 
+def check_bounds(name: str, value: float, limits: tuple[float, float, float]) -> None:
+    """``--name``'s value within the endpoint's own ``(default, least, most)`` (``http/guards.py``),
+    checked before asking; else exit 2 with one line."""
+    if not limits[1] <= value <= limits[2]:  # NaN fails this too
+        raise CommandError(f"--{name} must be between {limits[1]:g} and {limits[2]:g}, got {value:g}", EXIT_USAGE)
+
+
 def add_endpoint_arguments(p: Any) -> None:
     """``--url`` and ``--token``, the same on every subcommand that talks to a running endpoint."""
     p.add_argument("--url", required=True, help="the memprof-otel endpoint, e.g. http://127.0.0.1:9464")

@@ -16,7 +16,8 @@ import argparse
 import dataclasses
 
 from ..baselines import BaselineError, from_dict, from_layers_document, save
-from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
+from ..http.guards import BASELINE_FORWARDS, BASELINE_TIMEOUT
+from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments, check_bounds
 
 
 def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
@@ -29,27 +30,16 @@ def _pairs(values: list[str] | None, option: str) -> dict[str, str]:
     return out
 
 
-def _positive(kind: type, option: str, lo: float, hi: float):  # type: ignore[no-untyped-def]
-    def parse(v: str):  # type: ignore[no-untyped-def]
-        try:
-            n = kind(v)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{option} {v!r}: expected a number") from None
-        if not lo <= n <= hi:
-            raise argparse.ArgumentTypeError(f"{option} {v!r}: must be between {lo:g} and {hi:g}")
-        return n
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("save",), help="save: write the endpoint's baseline of --model to -o FILE")
     add_endpoint_arguments(p)
     p.add_argument("--model", default=None, help="the model (may be left out when the endpoint has one)")
     p.add_argument("-o", "--output", required=True, help="the baseline file to write")
-    p.add_argument("--forwards", type=_positive(int, "--forwards", 1, 10_000), default=100,
-                   help="model forwards the measuring window attributes and keeps (default 100)")
-    p.add_argument("--timeout", type=_positive(float, "--timeout", 0.1, 600.0), default=60.0,
-                   help="seconds the window stays open at most (default 60); send the traffic meanwhile")
+    p.add_argument("--forwards", type=int, default=BASELINE_FORWARDS[0],
+                   help=f"model forwards the measuring window attributes and keeps (default {BASELINE_FORWARDS[0]})")
+    p.add_argument("--timeout", type=float, default=BASELINE_TIMEOUT[0],
+                   help=f"seconds the window stays open at most (default {BASELINE_TIMEOUT[0]:g}); send the "
+                        "traffic meanwhile")
     p.add_argument("--since-start", action="store_true",
                    help="write the figures since the endpoint started (GET /v1/layers) instead of a window: "
                         "maxima over the forwards the sampling attributed, no per-shape figures")
@@ -71,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             raise CommandError(f"GET {client.url('/v1/layers')}: {e}", EXIT_USAGE) from None
         window = None
     else:
+        check_bounds("forwards", args.forwards, BASELINE_FORWARDS)
+        check_bounds("timeout", args.timeout, BASELINE_TIMEOUT)
         body = {"forwards": args.forwards, "timeout": args.timeout}
         if args.model is not None:
             body["model"] = args.model

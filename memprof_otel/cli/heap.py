@@ -15,7 +15,7 @@ from typing import Any
 
 from ..http.guards import HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP
 from ..units import format_bytes
-from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments
+from ._common import EXIT_USAGE, Client, CommandError, add_endpoint_arguments, check_bounds
 from ._output import STDOUT, check_output, shown, write_output
 from .dump import add_format_argument, download
 
@@ -35,11 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also download the flame graph of the growth to FILE (- for standard output: "
                         "the report then goes to stderr)")
     add_format_argument(p)
-
-
-def _check(name: str, value: float, limits: tuple[float, float, float]) -> None:
-    if not limits[1] <= value <= limits[2]:  # NaN fails this too
-        raise CommandError(f"--{name} must be between {limits[1]:g} and {limits[2]:g}, got {value:g}", EXIT_USAGE)
 
 
 def _signed_bytes(n: int) -> str:
@@ -73,9 +68,9 @@ def render(doc: dict[str, Any], tracebacks: bool = False) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check("seconds", args.seconds, HEAP_SECONDS)
-    _check("top", args.top, HEAP_TOP)
-    _check("frames", args.frames, HEAP_FRAMES)
+    check_bounds("seconds", args.seconds, HEAP_SECONDS)
+    check_bounds("top", args.top, HEAP_TOP)
+    check_bounds("frames", args.frames, HEAP_FRAMES)
     if args.format == "pprof" and not args.output:  # a binary file, for a file or a pipe: not printed
         raise CommandError("--format pprof needs -o FILE (or -o - for standard output)", EXIT_USAGE)
     if args.output == STDOUT and args.json:
