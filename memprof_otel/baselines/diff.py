@@ -20,10 +20,10 @@ on nothing is no gate.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from .schema import BYTE_FIGURES, FIGURES, Baseline, LayerBaseline
-from .shapes import MIN_FORWARDS, ShapeFigures
+from .shapes import MIN_FORWARDS
 from .structure import match_renames, subtrees
 
 
@@ -186,15 +186,10 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
                 too_few.append((key, a_s.forwards, b_s.forwards))
                 continue
             compared.append(key)
-            changes.extend(_shape_changes(a_s, b_s, pairs, limits))
-    else:
-        for old_path, new_path in pairs:
-            a, b = old.layer(old_path), new.layer(new_path)
-            assert a is not None and b is not None
-            for f in FIGURES:
-                if a.figure(f) != b.figure(f):
-                    exceeds = f in BYTE_FIGURES and limits.exceeded(a.figure(f), b.figure(f))
-                    changes.append(FigureChange(new_path, old_path, f, a.figure(f), b.figure(f), exceeds))
+            changes.extend(_changes(a_s.median, b_s.median, pairs, limits, key, a_s.spread, b_s.spread))
+    else:  # one figure per layer, exact: no noise
+        changes.extend(_changes({lay.path: lay.to_dict() for lay in old.layers},
+                                {lay.path: lay.to_dict() for lay in new.layers}, pairs, limits))
     gone = {o for o, _ in renamed}
     came = {n for _, n in renamed}
     return BaselineDiff(
@@ -212,18 +207,23 @@ def diff(old: Baseline, new: Baseline, thresholds: Thresholds | None = None) -> 
         unread_forwards=(olds[""].forwards if "" in olds else 0, news[""].forwards if "" in news else 0))
 
 
-def _shape_changes(a: ShapeFigures, b: ShapeFigures, pairs: list[tuple[str, str]],
-                   limits: Thresholds) -> list[FigureChange]:
-    """The figures of one shape that moved beyond the noise of its repeat forwards."""
+Figures = Mapping[str, Mapping[str, int]]  # layer path -> figure -> value
+
+
+def _changes(old: Figures, new: Figures, pairs: list[tuple[str, str]], limits: Thresholds,
+             shape: str | None = None, old_spread: Figures | None = None,
+             new_spread: Figures | None = None) -> list[FigureChange]:
+    """The figures of the matched layers that moved beyond the noise (the larger side's spread of
+    repeat forwards of ``shape``; none for one exact figure per layer)."""
     out = []
     for old_path, new_path in pairs:
-        fa, fb = a.median.get(old_path), b.median.get(new_path)
+        fa, fb = old.get(old_path), new.get(new_path)
         if fa is None or fb is None:
             continue
-        sa, sb = a.spread.get(old_path, {}), b.spread.get(new_path, {})
+        sa, sb = (old_spread or {}).get(old_path, {}), (new_spread or {}).get(new_path, {})
         for f in FIGURES:
             noise = max(sa.get(f, 0), sb.get(f, 0))
             if abs(fb[f] - fa[f]) > noise:
                 exceeds = f in BYTE_FIGURES and limits.exceeded(fa[f], fb[f], noise)
-                out.append(FigureChange(new_path, old_path, f, fa[f], fb[f], exceeds, a.key, noise))
+                out.append(FigureChange(new_path, old_path, f, fa[f], fb[f], exceeds, shape, noise))
     return out
