@@ -10,6 +10,7 @@ import memprof_otel as mp
 from memprof_otel.export.layer_exposition import LAYER_FAMILIES
 from memprof_otel.export.prometheus import make_registry, render_exposition
 from memprof_otel.runtime import runtime
+from tests.integration.helpers import wait_until
 
 
 def _layer_lines(text: str) -> list[str]:
@@ -56,6 +57,11 @@ def test_fast_layer_block_equals_prometheus_client_in_text_and_openmetrics():
     for _ in range(3):
         a(torch.randn(2, 4))
         b(torch.randn(2, 4))
+    # the sampler's first ticks add their families (process, sources, leak figures): let them land and
+    # hold the sampler still, so the two reads below see the same series
+    sampler = runtime().sampler
+    wait_until(lambda: sampler.ticks >= 3, what="three sampler ticks")
+    sampler.stop()
     rt = runtime().scrape
     full, lean = make_registry(rt), make_registry(rt, layers=False)
 
