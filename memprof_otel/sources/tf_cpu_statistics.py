@@ -12,7 +12,8 @@ but before the first op works; after the first op it has no effect for the life 
 So ``import memprof_otel`` sets it where it is unset (:func:`request_before_tensorflow`), which is
 early enough whenever memprof_otel is imported before the model is built. A value the user set is
 left alone (``TF_CPU_ALLOCATOR_USE_BFC=false`` keeps TensorFlow's own choice). The BFC allocator is
-what TensorFlow already uses on AVX-512 CPUs: figures mean the same on both kinds of CPU.
+what TensorFlow already uses on AVX-512 CPUs: the figures are its chunks on both kinds of CPU (a
+tensor's size up to nearly twice it, where BFC hands over a free chunk whole: the README says when).
 """
 from __future__ import annotations
 
