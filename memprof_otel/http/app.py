@@ -4,6 +4,9 @@ The server (``http.server.serve``) and the WSGI/ASGI adapters only translate to 
 types. Every error is JSON ``{"error", "detail"}`` with a 4xx code for bad input; an unexpected
 failure is a 500 with the exception's type, never a traceback.
 
+Which routes exist, the handler method each calls and the query names each takes are the table of
+``routes.py``; this module dispatches on it and holds the handlers.
+
 Requests from other origins are checked before any route runs (see ``host_allowed`` and
 ``_guard_browser``): a ``Host`` that is not this endpoint's (DNS rebinding) is refused on every route,
 and PUT/POST need ``Content-Type: application/json`` and no foreign ``Origin``, so a web page can
@@ -54,26 +57,12 @@ from .guards import (BASELINE_FORWARDS, BASELINE_TIMEOUT, DUMP_FORMATS, DUMP_WAI
                      host_allowed, is_loopback, json_number, make_cursor, media_type, parse_cursor, parse_integer,
                      parse_number)
 from .openapi import openapi_document
+from .routes import ROUTES, routes_at
 
 MAX_SHAPE_FEATURES = 6  # the memory model's own bound (capacity.shapes.MAX_FEATURES)
 MAX_SHAPE_VALUE = 1 << 30
 
-PUBLIC_ROUTES = ("/metrics", "/healthz")
-DUMP_ROUTE = "/v1/dumps/{id}"
 PID_HEADER = "X-Memprof-Pid"  # on every answer: the pid of the process that gave it
-# the query parameters each route takes (the OpenAPI document lists the same): any other name is a
-# 400 naming it, so a typo (forward=5) is never silently ignored. Routes left out take any query:
-# /metrics, /healthz and /openapi.json (scrapers, probes and cache-busters add their own),
-# /v1/headroom (every name is a shape feature) and POST /v1/heap (refuses any query itself).
-QUERY_PARAMETERS: dict[tuple[str, str], frozenset[str]] = {
-    ("GET", "/v1/status"): frozenset(), ("GET", "/v1/alerts"): frozenset(),
-    ("GET", "/v1/layers"): frozenset({"model"}), ("GET", "/v1/timeline"): frozenset({"since", "limit", "cursor"}),
-    ("GET", "/v1/leaks"): frozenset({"top"}), ("GET", "/v1/advice"): frozenset({"model", "min_severity"}),
-    ("GET", "/v1/watchdog/rules"): frozenset(), ("PUT", "/v1/watchdog/rules"): frozenset(),
-    ("GET", "/v1/postmortem"): frozenset(), ("GET", "/v1/memory"): frozenset(),
-    ("GET", "/v1/dumps"): frozenset(), ("POST", "/v1/dumps"): frozenset({"kind", "forwards", "timeout", "model", "wait"}),
-    ("GET", DUMP_ROUTE): frozenset({"wait", "format"}),
-}
 # gzip level of /metrics: 1 (fastest), as Go's promhttp. Level 9 makes a 1,000-layer scrape 16 %
 # smaller still, for 7x the compression time on the model's process (docs/benchmarks.md)
 GZIP_LEVEL = 1
@@ -296,19 +285,9 @@ class Endpoint:
                                                           else http.allowed_origins))
         self.base_url = base_url
         self.registry = make_registry(self.rt.scrape, layers=False)  # layer families: the fast writer
-        self._routes: dict[tuple[str, str], Handler] = {
-            ("GET", "/metrics"): self.metrics, ("GET", "/healthz"): self.healthz,
-            ("GET", "/v1/status"): self.status, ("GET", "/v1/layers"): self.layers,
-            ("GET", "/v1/timeline"): self.timeline, ("GET", "/v1/alerts"): self.alerts,
-            ("GET", "/v1/leaks"): self.leaks, ("GET", "/v1/headroom"): self.headroom,
-            ("GET", "/v1/advice"): self.advice, ("GET", "/v1/postmortem"): self.postmortem,
-            ("GET", "/v1/memory"): self.memory,
-            ("GET", "/v1/watchdog/rules"): self.get_rules, ("PUT", "/v1/watchdog/rules"): self.put_rules,
-            ("POST", "/v1/dumps"): self.post_dump, ("GET", "/v1/dumps"): self.list_dumps,
-            ("POST", "/v1/heap"): self.post_heap,
-            ("POST", "/v1/baseline"): self.post_baseline,
-            ("GET", "/openapi.json"): self.openapi,
-        }
+        # each row's handler, looked up once: a row naming no method of this class fails here, not on a request
+        self._handlers: dict[tuple[str, str], Handler] = {(r.method, r.path): getattr(self, r.handler)
+                                                          for r in ROUTES}
 
     # ---- dispatch --------------------------------------------------------------------------
     def handle(self, req: Request) -> Response:
@@ -337,14 +316,10 @@ class Endpoint:
         method = req.method.upper()
         if method == "HEAD":
             method = "GET"
-        arg = ""
-        route = path
-        handler: Handler | None = self._routes.get((method, path))
-        allowed = sorted(m for (m, p) in self._routes if p == path)
-        if path.startswith("/v1/dumps/"):  # any rest, even "../x" decoded from %2F: the id check rejects it
-            arg, allowed, route = path[len("/v1/dumps/"):], ["GET"], DUMP_ROUTE
-            handler = self.get_dump if method == "GET" else None
-        if handler is None:
+        rows, arg = routes_at(path)
+        route = next((r for r in rows if r.method == method), None)
+        if route is None:
+            allowed = sorted(r.method for r in rows)
             if allowed and method == "OPTIONS" and "origin" in req.headers:
                 return self._preflight(req, allowed)
             if allowed:
@@ -352,25 +327,24 @@ class Endpoint:
                                 {"Allow": ", ".join(allowed)})
             raise HttpError(404, "not_found", f"no route {_shown(path)}; see /openapi.json")
         self._check_host(req)
-        mutating = method in ("PUT", "POST")
-        if mutating:
+        if route.mutating:
             self._guard_browser(req)
-        if path not in PUBLIC_ROUTES:
-            self._authorize(req, mutating=mutating)
+        if not route.public:
+            self._authorize(req, mutating=route.mutating)
         if len(req.body) > self.max_body_bytes:
             raise HttpError(413, "body_too_large", f"request body over {self.max_body_bytes} bytes")
         try:
             q = parse_qs(req.query, keep_blank_values=True, strict_parsing=False, max_num_fields=50)
         except ValueError as e:
             raise HttpError(400, "bad_query", str(e)) from None
-        known = QUERY_PARAMETERS.get((method, route))
+        known = route.query
         if known is not None:
             unknown = sorted(set(q) - known)
             if unknown:
                 takes = f"takes {', '.join(sorted(known))}" if known else "takes no query parameters"
                 raise HttpError(400, "bad_parameter", f"unknown query parameter {_shown(unknown[0])}; "
-                                f"{method} {route} {takes}")
-        return handler(req, q, arg)
+                                f"{method} {route.path} {takes}")
+        return self._handlers[route.method, route.path](req, q, arg)
 
     def _check_host(self, req: Request) -> None:
         host = req.headers.get("host")

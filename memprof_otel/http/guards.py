@@ -2,7 +2,8 @@
 names, what its content type is, whether a query number is a plain finite decimal, what a
 ``/v1/timeline`` cursor holds, and the limits the routes and the OpenAPI document share.
 
-They know no route, response or runtime, so ``app.py`` and ``openapi.py`` both import them.
+They know no route, response or runtime, so the handlers (``app.py``), the route table
+(``routes.py``) and the body schemas (``schemas.py``) all import them.
 """
 from __future__ import annotations
 
