@@ -101,6 +101,40 @@ def documented_routes() -> set[tuple[str, str]]:
     return routes
 
 
+def heading_anchor(heading: str) -> str:
+    """The anchor a Markdown renderer (GitHub's rule) gives a heading: lower case, punctuation but
+    ``-`` and ``_`` dropped, spaces made ``-`` (`` `GET /v1/dumps/{id}` `` -> ``get-v1dumpsid``)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def route_table_links() -> dict[tuple[str, str], list[str]]:
+    """(method, path) of each route-table row -> the in-page anchors its cells link to."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for cells in table_rows(section("HTTP endpoint")):
+        for route in re.findall(r"`(GET|PUT|POST|DELETE|PATCH) (/[^?`\s]*)", cells[0]):
+            out[route] = re.findall(r"\]\(#([^)\s]+)\)", " | ".join(cells[1:]))
+    return out
+
+
+def route_details() -> dict[tuple[str, str], str]:
+    """(method, path) -> the body of its ``#### `METHOD /path` `` section under "HTTP endpoint",
+    where a route's answer takes more than the table's one line."""
+    body = section("HTTP endpoint")
+    out: dict[tuple[str, str], str] = {}
+    heads = list(re.finditer(r"^#### `(GET|PUT|POST|DELETE|PATCH) (/[^`\s]*)`[ \t]*$", body, re.M))
+    for m in heads:
+        end = re.search(r"^#{1,4} ", body[m.end():], re.M)
+        out[(m.group(1), m.group(2))] = body[m.end(): m.end() + end.start() if end else None].strip()
+    return out
+
+
+def headings(doc: str | None = None) -> list[str]:
+    """The text of every heading of ``doc`` (the reference by default), ``#`` marks dropped; a
+    comment line in a fenced code block is no heading."""
+    prose = re.sub(r"^```.*?^```", "", text() if doc is None else doc, flags=re.M | re.S)
+    return re.findall(r"^#{1,6} (.+?)[ \t]*$", prose, re.M)
+
+
 def documented_config() -> dict[str, str]:
     """Dotted config key -> the default as written in the configuration table."""
     return {first_code(cells[0]): cells[1] for cells in table_rows(section("Configuration"))}

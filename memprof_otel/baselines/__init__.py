@@ -1,9 +1,16 @@
 """Per-layer memory baselines, their diff and the gate a CI job puts on it (pure: no framework, no I/O
 but reading and writing the baseline file).
 
-``schema`` the versioned file, ``structure`` a model's structure apart from its names (fingerprint,
-rename matching), ``diff`` two baselines compared against thresholds, ``render`` the diff as a text
-table or markdown, ``from_layers`` a baseline from the ``GET /v1/layers`` document of an endpoint.
+``diff.py`` two baselines against thresholds: changed figures by bytes, layers added, removed, renamed
+``from_layers.py`` a baseline from ``LayerMemoryStats`` dicts or a ``GET /v1/layers`` document
+``render.py`` a diff as a fixed-width table (CI logs) or markdown (PR comments)
+``schema.py`` the versioned baseline file, read with every field checked, written atomically
+``shapes.py`` a forward's figures per layer, a shape's median and spread: what a measuring window keeps
+``structure.py`` a model's structure apart from its names: the fingerprint, rename matching
+
+Public: the baseline file format (docs/reference.md, Baselines), ``memprof-otel baseline save`` and
+``memprof-otel diff``, and the pytest plugin's ``memprof_baseline`` fixture (``testing/``). The
+names imported below are for those and the handle; the module paths are internal.
 """
 from .diff import BaselineDiff, FigureChange, Thresholds, diff, parse_fail_above
 from .from_layers import from_layers_document, from_shapes

@@ -3,6 +3,25 @@
 Errors are typed: a ``CommandError`` carries its exit code; a ``ConfigError`` (bad input) exits 2;
 any other ``MemprofError`` or ``OSError`` exits 1. Each is one line on stderr,
 ``memprof-otel: error: ...``, never a traceback (set ``MEMPROF_OTEL_DEBUG=1`` to see one).
+
+``__main__.py`` ``python -m memprof_otel.cli``, the same as the console script
+``_common.py`` what the subcommands share: the typed command error, a small client for the endpoint
+``_output.py`` ``-o FILE`` of ``dump`` and ``heap``: checked before any request, then written
+``advise.py`` ``advise``: the advice a running endpoint gives, each item with its figures
+``analyze.py`` ``analyze``: the layer summary and operations report of a timeline JSON, or its plot
+``baseline.py`` ``baseline save``: a running endpoint's per-layer figures of a model as a baseline file
+``check_config.py`` ``check-config``: validate a YAML config file
+``demo.py`` ``demo``: the example embeddings server under synthetic traffic
+``diff.py`` ``diff``: two baseline files compared per layer, with a CI gate
+``dump.py`` ``dump``: deep-capture a running model's next forwards and download the file
+``headroom.py`` ``headroom``: how much more fits on a running endpoint
+``heap.py`` ``heap``: trace a running process's Python heap and print where it grew
+``info.py`` ``info``: the system, torch and its devices, NVML and the host allocator
+``monitor.py`` ``monitor``: a live terminal view of a running endpoint
+``postmortem.py`` ``postmortem``: why earlier processes of an endpoint's service ended
+
+Public: the ``memprof-otel`` command, its subcommands, options and exit codes (docs/reference.md,
+CLI). The module paths are internal.
 """
 from __future__ import annotations
 

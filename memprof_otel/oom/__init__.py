@@ -1,6 +1,13 @@
-"""Out-of-memory errors: recognizing one, whichever layer of the stack raised it (here), and why it
-happened with the knob that changes it (``cause.py``, pure over a record of figures;
-``cuda_message.py``, the figures torch's CUDA message carries)."""
+"""Out-of-memory errors: recognizing one, whichever layer of the stack raised it, and why it happened
+with the knob that changes it. Pure: no device, no torch import.
+
+``__init__.py`` ``is_oom``: whether an exception is an out-of-memory error
+``cause.py`` why an OOM happened and the knob that changes it, over a small record of figures
+``cuda_message.py`` the figures torch's CUDA caching allocator writes into its OOM message, read back
+
+Public: the OOM causes, as ``GET /v1/postmortem``, the ``oom`` dumps, the advice and the OTel events
+name them (docs/reference.md, OOM causes). The module paths are internal.
+"""
 from __future__ import annotations
 
 import sys

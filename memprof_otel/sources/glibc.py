@@ -2,8 +2,8 @@
 
 ``mallinfo2`` walks every free chunk of every arena under the arena locks, so its cost grows with
 fragmentation: usually 2-5 us, sometimes hundreds of us, milliseconds on a badly fragmented heap.
-The source therefore times each call and backs off (the wait between real reads grows with the
-measured cost, keeping mallinfo2 under ``max_overhead_ratio`` of wall time), and the hot-path
+The source therefore times each call and backs off (``read_backoff.py``: the wait between real reads
+grows with the measured cost, keeping mallinfo2 under ``max_overhead_ratio`` of wall time), and the hot-path
 ``reading()`` only ever returns the figures of the last real read.
 
 When another allocator replaces malloc (jemalloc, tcmalloc via ``LD_PRELOAD`` or linking), glibc's
@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from memprof_otel.errors import SourceUnavailable
 from memprof_otel.sources.base import Reading, ratio
+from memprof_otel.sources.read_backoff import ReadBackoff
 
 MALLINFO2_FIELDS: tuple[str, ...] = (
     "arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -30,7 +31,6 @@ DEFAULT_MAPS_PATH = "/proc/self/maps"
 _FOREIGN: tuple[tuple[str, str], ...] = (
     ("libjemalloc", "jemalloc"), ("libtcmalloc", "tcmalloc"), ("libmimalloc", "unknown"),
 )
-_EMA_ALPHA = 0.3  # weight of the newest cost: follows a heap that fragments within a few reads
 
 MallinfoFn = Callable[[], Any]  # returns a ctypes struct mallinfo2 or a Mapping[str, int]
 
@@ -157,20 +157,17 @@ class HostAllocatorSource:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s must be >= 0: {min_interval_s!r}")
-        if not 0 < max_overhead_ratio <= 1:
-            raise ValueError(f"max_overhead_ratio must be in (0, 1]: {max_overhead_ratio!r}")
+        self._backoff = ReadBackoff(min_interval_s=min_interval_s,
+                                    max_overhead_ratio=max_overhead_ratio, clock=clock)
         probe, fn = _resolve(libc, mallinfo2, maps_path, environ)
         if fn is None:
             raise SourceUnavailable(f"host allocator source: {probe.reason}")
         self._fn: MallinfoFn = fn
-        self._base_interval = min_interval_s
-        self._max_ratio = max_overhead_ratio
-        self._clock = clock
-        self._lock = threading.Lock()  # guards the bookkeeping, never held during mallinfo2
+        # guards the bookkeeping (the back-off's included), never held during mallinfo2
+        self._lock = threading.Lock()
         self._in_flight = True
-        self._cost_ema = self._last_cost = self._last_read_at = 0.0
         self._last_read_unix = 0.0  # time.time() at the end of the last real read
-        self._reads = self._skipped = 0
+        self._skipped = 0
         self._alloc_peak = self._res_peak = 0.0  # since reset_peak()
         self._life_alloc_peak = self._life_res_peak = 0.0
         self._figures: dict[str, float] = {}
@@ -187,16 +184,16 @@ class HostAllocatorSource:
     @property
     def min_interval_s(self) -> float:
         """Current wait between real reads: the base, or longer when mallinfo2 has been slow."""
-        return max(self._base_interval, self._cost_ema / self._max_ratio)
+        return self._backoff.min_interval_s
 
     @property
     def last_read_cost_s(self) -> float:
         """Seconds the last real mallinfo2 call took (``cost_ema_s``: their moving average)."""
-        return self._last_cost
+        return self._backoff.last_cost_s
 
     @property
     def cost_ema_s(self) -> float:
-        return self._cost_ema
+        return self._backoff.cost_ema_s
 
     @property
     def last_read_unix(self) -> float:
@@ -206,7 +203,7 @@ class HostAllocatorSource:
     @property
     def reads(self) -> int:
         """Real mallinfo2 calls made, construction included."""
-        return self._reads
+        return self._backoff.reads
 
     @property
     def skipped(self) -> int:
@@ -221,8 +218,8 @@ class HostAllocatorSource:
         the cached figures and count in ``skipped``.
         """
         with self._lock:
-            too_soon = self._clock() - self._last_read_at < self.min_interval_s
-            too_dear = max_cost_s is not None and self._cost_ema > max_cost_s
+            too_soon = self._backoff.too_soon()
+            too_dear = self._backoff.too_dear(max_cost_s)
             if self._in_flight or (not force and (too_soon or too_dear)):
                 self._skipped += 1
                 return dict(self._figures)
@@ -240,20 +237,13 @@ class HostAllocatorSource:
     def _read(self) -> dict[str, float]:
         # mallinfo2 runs outside our lock: a 15 ms walk must not stall reset_peak() in a hook.
         try:
-            start = self._clock()
-            raw = _as_mapping(self._fn())
-            end = self._clock()
+            raw, start, end = self._backoff.timed(lambda: _as_mapping(self._fn()))
         except BaseException:
             self._in_flight = False
             raise
         with self._lock:
-            cost = self._last_cost = max(0.0, end - start)
-            self._cost_ema = cost if self._reads == 0 else \
-                _EMA_ALPHA * cost + (1 - _EMA_ALPHA) * self._cost_ema
-            # Measured from the end of the read, so cost / (cost + wait) stays under the budget.
-            self._last_read_at = end
+            self._backoff.record(start, end)
             self._last_read_unix = time.time()
-            self._reads += 1
             self._publish(figures_from_mallinfo(raw))
             self._in_flight = False
             return dict(self._figures)
@@ -283,7 +273,7 @@ class HostAllocatorSource:
         a reading from before it would count what happened earlier as theirs."""
         self.read()
         with self._lock:
-            fresh = self._clock() - self._last_read_at <= max_age_s
+            fresh = self._backoff.age_s() <= max_age_s
         return self._reading if fresh else None
 
     def allocated(self) -> int:

@@ -13,10 +13,11 @@ headers and quantization. Pools freed after use stay resident until their arena 
 this is a lower bound of what pymalloc holds resident, exact for an arena filled from its start.
 
 The call walks every arena and pool under the GIL (about 0.3 ms for 50 MiB of objects, 0.4 ms for
-140 MiB, measured; linear in the arenas), so reads come at most every 5 s and back off like glibc's
-beyond that: the wait between real reads grows with the measured cost, keeping it under
-``max_overhead_ratio`` of wall time; a read in between returns the last figure and its time. Where the function or a C stream is missing (another interpreter, a
-build that does not export it, ``PYTHONMALLOC=malloc``) the source is down with the reason.
+140 MiB, measured; linear in the arenas), so reads come at most every 5 s and back off beyond that
+as glibc's do (``read_backoff.py``): the wait between real reads grows with the measured cost,
+keeping it under ``max_overhead_ratio`` of wall time; a read in between returns the last figure and
+its time. Where the function or a C stream is missing (another interpreter, a build that does not
+export it, ``PYTHONMALLOC=malloc``) the source is down with the reason.
 """
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ import time
 from typing import Callable, NamedTuple
 
 from memprof_otel.errors import SourceUnavailable
+from memprof_otel.sources.read_backoff import ReadBackoff
 
-_EMA_ALPHA = 0.3
 StatsTextFn = Callable[[], str]
 
 
@@ -102,16 +103,11 @@ class PythonHeapSource:
     def __init__(self, *, stats_text: StatsTextFn | None = None, min_interval_s: float = 5.0,
                  max_overhead_ratio: float = 0.001, clock: Callable[[], float] = time.perf_counter,
                  wall: Callable[[], float] = time.time) -> None:
-        if not 0 < max_overhead_ratio <= 1:
-            raise ValueError(f"max_overhead_ratio must be in (0, 1]: {max_overhead_ratio!r}")
+        self._backoff = ReadBackoff(min_interval_s=min_interval_s,
+                                    max_overhead_ratio=max_overhead_ratio, clock=clock)
         self._text = stats_text if stats_text is not None else _stats_text_fn()
-        self._base_interval = min_interval_s
-        self._max_ratio = max_overhead_ratio
-        self._clock, self._wall = clock, wall
-        self._lock = threading.Lock()
-        self._cost_ema = 0.0
-        self._last_end = 0.0
-        self.reads = 0
+        self._wall = wall
+        self._lock = threading.Lock()  # guards the back-off and the reading
         self._reading = PythonHeapReading(0, 0, 0.0)
         try:
             self._read()
@@ -120,30 +116,30 @@ class PythonHeapSource:
 
     @property
     def min_interval_s(self) -> float:
-        return max(self._base_interval, self._cost_ema / self._max_ratio)
+        return self._backoff.min_interval_s
 
     @property
     def cost_ema_s(self) -> float:
-        return self._cost_ema
+        return self._backoff.cost_ema_s
+
+    @property
+    def reads(self) -> int:
+        """Real reads of the statistics, construction included."""
+        return self._backoff.reads
 
     def read(self) -> PythonHeapReading:
         """A fresh reading when the back-off allows one, else the last (its ``read_at`` says when)."""
         with self._lock:
-            if self._clock() - self._last_end < self.min_interval_s:
+            if self._backoff.too_soon():
                 return self._reading
-            self._last_end = self._clock()  # another thread asking meanwhile gets the last one
+            self._backoff.hold_off()  # another thread asking meanwhile gets the last one
         return self._read()
 
     def _read(self) -> PythonHeapReading:
-        start = self._clock()
-        text = self._text()
-        end = self._clock()
+        text, start, end = self._backoff.timed(self._text)
         resident, arenas = parse_stats(text)
         with self._lock:
-            cost = max(0.0, end - start)
-            self._cost_ema = cost if self.reads == 0 else _EMA_ALPHA * cost + (1 - _EMA_ALPHA) * self._cost_ema
-            self._last_end = end
-            self.reads += 1
+            self._backoff.record(start, end)
             self._reading = PythonHeapReading(resident, arenas, self._wall())
             return self._reading
 

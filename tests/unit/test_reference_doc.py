@@ -1,5 +1,6 @@
 """docs/reference.md, the user reference, against the code: every configuration key with its
-default, and every CLI command. (Metrics: tests/unit/test_metric_names.py; routes:
+default, and every CLI command; and the route table's layout: one line a route, the detail in the
+sections its row links to. (Metrics: tests/unit/test_metric_names.py; routes:
 tests/integration/test_http_endpoint.py.)"""
 from __future__ import annotations
 
@@ -49,6 +50,38 @@ def test_documented_default_is_the_default(key: str):
 
 def test_cli_table_lists_exactly_the_commands():
     assert reference_doc.documented_commands() == set(COMMANDS)
+
+
+# ---- the route table: one line a route, the rest in the sections it links to ------------------
+
+ROUTE_CELL_MAX = 250  # characters: a table cell longer than this is a paragraph, unreadable as a row
+
+
+def test_route_table_cells_are_one_line_each():
+    rows = reference_doc.table_rows(reference_doc.section("HTTP endpoint"))
+    assert len(rows) >= 15  # a guard on the parser
+    long = [cells[0] for cells in rows if max(map(len, cells)) > ROUTE_CELL_MAX]
+    assert not long, f"route rows over {ROUTE_CELL_MAX} characters (move the detail into its section): {long}"
+
+
+def test_route_details_are_linked_from_their_rows_and_exist():
+    links, details = reference_doc.route_table_links(), reference_doc.route_details()
+    assert len(details) >= 10  # a guard on the parser
+    anchors = {reference_doc.heading_anchor(h): h for h in reference_doc.headings()}
+    assert set(details) <= set(links), f"detail sections of routes the table lacks: {sorted(set(details) - set(links))}"
+    for route, body in details.items():
+        assert body, f"{route}: empty detail section"
+        own = reference_doc.heading_anchor(f"`{route[0]} {route[1]}`")
+        assert own in links[route], f"{route}: its row does not link to its section (#{own})"
+    for route, targets in links.items():
+        for target in targets:
+            assert target in anchors, f"{route}: the link #{target} names no heading of docs/reference.md"
+
+
+def test_heading_anchor_is_the_renderers():
+    assert reference_doc.heading_anchor("`GET /v1/dumps/{id}`") == "get-v1dumpsid"
+    assert reference_doc.heading_anchor("Who can reach the endpoint") == "who-can-reach-the-endpoint"
+    assert reference_doc.heading_anchor("pprof files") == "pprof-files"
 
 
 # ---- the CLI: every option of every subcommand's parser, and nothing else ---------------------
