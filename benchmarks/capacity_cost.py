@@ -34,7 +34,7 @@ Four measurements, each answering one question:
    of 10 calls; median and p99 of the per-call time of a batch) with the fit current and the
    budget cache warm as shipped (a 0.25 s TTL: a refresh lands in some batches, which is what the
    p99 shows), and ``h.headroom(...)`` (the whole ``/v1/headroom`` document) 2,000 times. Also the
-   budget read with the cache cold (``BudgetReader(...).read("cpu")`` with ttl 0, timed one call
+   budget read with the cache cold (``MemoryBudgetReader(...).read("cpu")`` with ttl 0, timed one call
    at a time): what the first question after each TTL pays.
 4. **Refit time vs table size** (``refit``): ``MemoryModel`` filled with 8, 32, 64 and 256
    synthetic prefill shapes whose peak is ``b * max(5632*s + 16*s^2, 2560*s + 32*s^2)`` (a kink
@@ -65,7 +65,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from memprof_otel.capacity.budget_reader import BudgetReader  # noqa: E402
+from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader  # noqa: E402
 from memprof_otel.capacity.fit import SplitFit  # noqa: E402
 from memprof_otel.capacity.model import MemoryModel  # noqa: E402
 
@@ -246,8 +246,8 @@ def part_questions(quick: bool) -> list[dict[str, Any]]:
                               _per_call_ns(lambda: h.predict_peak(batch=4, seq_len=96), n, 10), **info))
         results.append(_q_row("h.headroom(batch=4, seq_len=96)",
                               _per_call_ns(lambda: h.headroom(batch=4, seq_len=96), n // 10, 10), **info))
-        cold = BudgetReader(0.05, 0, ttl_s=0.0)
-        results.append(_q_row('BudgetReader(ttl 0).read("cpu") [cold]',
+        cold = MemoryBudgetReader(0.05, 0, ttl_s=0.0)
+        results.append(_q_row('MemoryBudgetReader(ttl 0).read("cpu") [cold]',
                               _per_call_ns(lambda: cold.read("cpu"), 200 if quick else 2_000, 1)))
     finally:
         h.uninstrument()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..capacity.budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR
+from ..capacity.memory_budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR
 from ..sources import in_flight_levels, process_hwm, registry
 
 

@@ -2,8 +2,8 @@
 the memory budget that applies to its device, and the answers built from the two (headroom, largest
 safe batch).
 
-``budget.py`` which limit applies and what is available: arithmetic over readings (pure)
-``budget_reader.py`` the I/O half of the budget: cudaMemGetInfo, cgroup, psutil, cached briefly
+``memory_budget.py`` which limit applies and what is available: arithmetic over readings (pure)
+``memory_budget_reader.py`` the I/O half of the budget: cudaMemGetInfo, cgroup, psutil, cached briefly
 ``fit.py`` the model family, non-negative least squares, leave-one-shape-out error (pure)
 ``model.py`` one model's bounded table of shapes, its regimes, predictions and max-safe search
 ``service.py`` one model's capacity answers, fed by its handle after each measured forward

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import ShapeError
-from .budget import TENSOR
+from .memory_budget import TENSOR
 from .fit import Fit, SplitFit, Term, fit, fit_with_errors, term_name, terms_for
 from .shapes import CACHE_LEN, LOGITS, SEQ_LEN, STANDARD, canonical, implied
 
@@ -136,7 +136,7 @@ class Prediction:
     reason: str | None = None
     # the worst rise of a repeat above its shape's median (the fit's figure), folded into upper_bytes
     repeat_ratio: float = 0.0
-    unit: str = TENSOR              # what the figures count (budget.PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)
+    unit: str = TENSOR              # what the figures count (memory_budget.PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)
     gap_ratio: float | None = None  # a tensor answer's allowance for what its limit counts beyond tensors
     gap_bytes: int | None = None    # the same allowance in bytes (CUDA: the reserved growth seen above allocated)
     extrapolation_factor: float = 1.0  # the product of ``extrapolation``'s factors; 1.0 inside the shapes seen

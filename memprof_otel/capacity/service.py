@@ -18,8 +18,8 @@ from typing import Any, Mapping, NamedTuple
 from .._callouts import calls_application
 from ..config import CapacityConfig
 from ..sources import mmap_threshold, process_hwm, registry
-from .budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
-from .budget_reader import BudgetReader, resident_now
+from .memory_budget import CUDA_RESERVED, PROCESS_RESIDENT, TENSOR, CapacityFigures
+from .memory_budget_reader import MemoryBudgetReader, resident_now
 from ..errors import ShapeError
 from .model import PREFILL, FitState, MemoryModel, Prediction, SafeLimit, family_of, key_of, names_text, regime_of
 from .shapes import BATCH, CACHE_LEN, LOGITS, SEQ_LEN, Features, ShapeOf, canonical, checked, default_shape_of
@@ -51,7 +51,7 @@ def _call_shape_of(shape_of: ShapeOf, args: tuple[Any, ...], kwargs: Mapping[str
 
 class Capacity:
     def __init__(self, config: CapacityConfig, shape_of: ShapeOf | None = None,
-                 budgets: BudgetReader | None = None) -> None:
+                 budgets: MemoryBudgetReader | None = None) -> None:
         self.config = config
         standard = shape_of is None  # the default features: their names are known before any forward
         self.model = MemoryModel(config.max_shapes, standard=standard)   # tensor figures
@@ -65,7 +65,7 @@ class Capacity:
         # process's resident level it reached)
         self._top: tuple[float, int] | None = None
         self._shape_of = shape_of
-        self.budgets = budgets or BudgetReader(config.margin_ratio, config.margin_bytes,
+        self.budgets = budgets or MemoryBudgetReader(config.margin_ratio, config.margin_bytes,
                                                limit_bytes=config.limit_bytes)
         self.shape_errors = 0
         self.root_readings = 0          # forwards read at their root only (capacity.root_readings)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..attribution.selection import OTHER
-from ..capacity.budget import CapacityFigures
+from ..capacity.memory_budget import CapacityFigures
 from ..timeline import Sample
 from .gpu_identity import identify
 

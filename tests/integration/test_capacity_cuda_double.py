@@ -12,7 +12,7 @@ from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
-from memprof_otel.capacity.budget_reader import BudgetReader
+from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import in_flight_levels, registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
@@ -208,7 +208,7 @@ class Probing(nn.Module):
 @pytest.mark.parametrize("limit_bytes", [None, 512 * MIB])  # the device's limit; one of our own
 def test_a_budget_read_mid_forward_counts_in_use_as_between_forwards(dev, limit_bytes):
     weights = dev.malloc(64 * MIB)  # in use between forwards, as a model's weights are
-    reader = BudgetReader(0.0, 0, ttl_s=0.0, limit_bytes=limit_bytes)
+    reader = MemoryBudgetReader(0.0, 0, ttl_s=0.0, limit_bytes=limit_bytes)
     model = Probing(dev, lambda: reader.read("cuda:0")[0])
     h = mp.instrument(model, config={**PLAIN, "capacity": {"root_readings": True}})
     try:

@@ -19,7 +19,7 @@ from torch import nn
 
 import memprof_otel as mp
 from memprof_otel.attribution import kernel_reading
-from memprof_otel.capacity.budget_reader import BudgetReader
+from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 
 from .reference_ledger import reference_root_peak
 
@@ -134,7 +134,7 @@ def test_max_safe_batch_against_a_real_run_under_a_configured_limit(monkeypatch:
     for _ in range(5):
         limit = _rss() + (peak10 + peak11) // 2
         # one reading of the budget for every answer below (the shipped cache lives 0.25 s)
-        h.capacity.budgets = BudgetReader(0.0, 0, ttl_s=60.0, limit_bytes=limit)
+        h.capacity.budgets = MemoryBudgetReader(0.0, 0, ttl_s=60.0, limit_bytes=limit)
         doc = h.headroom()
         in_use = doc["budget"]["in_use_bytes"]
         if in_use + peak10 <= limit < in_use + peak11:

@@ -13,7 +13,7 @@ from torch import nn
 
 import memprof_otel as mp
 import memprof_otel.attribution.torch.instrumentation as instrument_mod
-from memprof_otel.capacity.budget_reader import BudgetReader
+from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 from memprof_otel.telemetry.scrape import layer_view as _layer_view
 from memprof_otel.sources import in_flight_levels, registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
@@ -201,7 +201,7 @@ def test_a_module_that_raises_still_gives_the_trace_back(device) -> None:
 class _Probe(nn.Module):
     """Holds 32 MiB while it reads the budget, as a scrape landing mid-forward does."""
 
-    def __init__(self, dev: ScriptedCudaAllocatorDouble, reader: BudgetReader) -> None:
+    def __init__(self, dev: ScriptedCudaAllocatorDouble, reader: MemoryBudgetReader) -> None:
         super().__init__()
         self.dev, self.reader = dev, reader
         self.seen: Any = None
@@ -220,7 +220,7 @@ def test_a_budget_read_mid_traced_forward_counts_the_level_at_its_start(device) 
     meanwhile counts as in use (its transient would count twice), with no read of its own."""
     dev, src, _ = device
     weights = dev.malloc(16 * MIB)
-    reader = BudgetReader(0.0, 0, ttl_s=0.0, limit_bytes=1 << 30)  # a limit of our own: no device info here
+    reader = MemoryBudgetReader(0.0, 0, ttl_s=0.0, limit_bytes=1 << 30)  # a limit of our own: no device info here
     model = _Probe(dev, reader)
     try:
         with mp.instrument(model, name="traced-probe", **EVERY):

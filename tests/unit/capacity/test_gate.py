@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import memprof_otel as mp
-from memprof_otel.capacity.budget import Budget
+from memprof_otel.capacity.memory_budget import MemoryBudget
 from memprof_otel.capacity.model import GROWTH_FLOOR, MemoryModel
 from memprof_otel.capacity.service import Capacity
 from memprof_otel.cli import main
@@ -119,10 +119,10 @@ class FixedBudget:
     def __init__(self, available: int | None) -> None:
         self.available = available
 
-    def read(self, device: str) -> tuple[Budget | None, str | None]:
+    def read(self, device: str) -> tuple[MemoryBudget | None, str | None]:
         if self.available is None:
             return None, "no limit here"
-        return Budget(device, "configured", self.available, 0, 0, 0), None
+        return MemoryBudget(device, "configured", self.available, 0, 0, 0), None
 
 
 def capacity(available: int | None = 10 ** 9, shape_of: Any = None, **cfg: Any) -> Capacity:

@@ -1,4 +1,4 @@
-"""Reads the budget of a device now (the I/O half of ``budget.py``), cached briefly so a server
+"""Reads the budget of a device now (the I/O half of ``memory_budget.py``), cached briefly so a server
 can ask before every request: the limit and what others hold move on the sampler's time scale,
 not a request's."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Callable
 import psutil
 
 from ..sources import in_flight_levels, process_hwm, registry
-from .budget import Budget, cuda_budget, hami_limit, host_budget, tighter
+from .memory_budget import MemoryBudget, cuda_budget, hami_limit, host_budget, tighter
 
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
 
@@ -49,7 +49,7 @@ def cuda_between_forwards(device: str, allocated: int) -> int:
     return allocated - in_flight_levels.shared().excess(device, allocated)
 
 
-class BudgetReader:
+class MemoryBudgetReader:
     def __init__(self, margin_ratio: float, margin_bytes: int, ttl_s: float = TTL_S,
                  clock: Callable[[], float] = time.monotonic, limit_bytes: int | None = None) -> None:
         self.limit_bytes = limit_bytes
@@ -58,9 +58,9 @@ class BudgetReader:
         self._ttl = ttl_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, Budget | None, str | None]] = {}
+        self._cache: dict[str, tuple[float, MemoryBudget | None, str | None]] = {}
 
-    def read(self, device: str) -> tuple[Budget | None, str | None]:
+    def read(self, device: str) -> tuple[MemoryBudget | None, str | None]:
         """(budget, None) or (None, why there is none)."""
         now = self._clock()
         with self._lock:
@@ -88,7 +88,7 @@ class BudgetReader:
         rss = resident_now()
         return rss - process_hwm.shared().in_flight_excess(rss) if rss is not None else None
 
-    def _read(self, device: str) -> tuple[Budget | None, str | None]:
+    def _read(self, device: str) -> tuple[MemoryBudget | None, str | None]:
         if device.startswith("cuda"):
             index = int(device.partition(":")[2] or 0)
             src = registry.cuda_allocator(index)

@@ -1,5 +1,5 @@
 """The memory a device's forwards may still use: which limit applies, what is already held, and
-the margin kept free. Pure arithmetic over readings the caller took (``budget_reader``)."""
+the margin kept free. Pure arithmetic over readings the caller took (``memory_budget_reader``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,7 +15,7 @@ TENSOR = "tensor"                      # tensor storage (the ledger's, the alloc
 
 
 @dataclass(frozen=True)
-class Budget:
+class MemoryBudget:
     """``usable_bytes`` = limit - held elsewhere - margin; ``available_bytes`` = usable - in use.
 
     On CUDA, ``held_elsewhere`` is what other processes and this process's non-allocator memory
@@ -53,7 +53,7 @@ def margin(limit_bytes: int, ratio: float, fixed: int) -> int:
 
 def cuda_budget(device: str, total: int, free: int, reserved: int, allocated: int, mig: bool,
                 margin_ratio: float, margin_bytes: int, fraction: float | None = None,
-                hami_bytes: int | None = None) -> Budget:
+                hami_bytes: int | None = None) -> MemoryBudget:
     """The limit the caching allocator really fails at: the tightest of the device (or MIG slice:
     ``cudaMemGetInfo``'s free/total, everyone's use counted; held elsewhere = total - free - our
     reserved), ``torch.cuda.set_per_process_memory_fraction()`` x total (it caps this process's
@@ -64,17 +64,17 @@ def cuda_budget(device: str, total: int, free: int, reserved: int, allocated: in
     as the device's total too). ``limit`` names the one that leaves the least available; ``notes``
     the others."""
     held = max(0, total - free - reserved)
-    options = [Budget(device, MIG if mig else CUDA_DEVICE, total, held, allocated,
+    options = [MemoryBudget(device, MIG if mig else CUDA_DEVICE, total, held, allocated,
                       margin(total, margin_ratio, margin_bytes))]
     if fraction is not None and 0 < fraction < 1:
         cap = int(total * fraction)
-        options.append(Budget(device, MEMORY_FRACTION, cap, 0, allocated, margin(cap, margin_ratio, margin_bytes)))
+        options.append(MemoryBudget(device, MEMORY_FRACTION, cap, 0, allocated, margin(cap, margin_ratio, margin_bytes)))
     if hami_bytes is not None and hami_bytes > 0:
-        options.append(Budget(device, HAMI, hami_bytes, 0, allocated,
+        options.append(MemoryBudget(device, HAMI, hami_bytes, 0, allocated,
                               margin(hami_bytes, margin_ratio, margin_bytes)))
     best = min(options, key=lambda b: b.available_bytes)
     others = tuple(f"{b.limit}: {b.limit_bytes} bytes, {b.available_bytes} available" for b in options if b is not best)
-    return Budget(best.device, best.limit, best.limit_bytes, best.held_elsewhere_bytes, best.in_use_bytes,
+    return MemoryBudget(best.device, best.limit, best.limit_bytes, best.held_elsewhere_bytes, best.in_use_bytes,
                   best.margin_bytes, others)
 
 
@@ -96,22 +96,22 @@ def hami_limit(index: int, env: Mapping[str, str]) -> int | None:
 
 
 def host_budget(cgroup_limit: int | None, cgroup_working_set: int | None, physical_total: int,
-                physical_available: int, margin_ratio: float, margin_bytes: int) -> Budget:
+                physical_available: int, margin_ratio: float, margin_bytes: int) -> MemoryBudget:
     """The cgroup's limit when one is set (and below the machine's memory), else the machine's."""
     if cgroup_limit is not None and cgroup_limit < physical_total and cgroup_working_set is not None:
-        return Budget("cpu", CGROUP, cgroup_limit, 0, cgroup_working_set,
+        return MemoryBudget("cpu", CGROUP, cgroup_limit, 0, cgroup_working_set,
                       margin(cgroup_limit, margin_ratio, margin_bytes))
     notes = () if cgroup_limit is None else ("the cgroup limit is above physical memory",)
-    return Budget("cpu", PHYSICAL, physical_total, 0, physical_total - physical_available,
+    return MemoryBudget("cpu", PHYSICAL, physical_total, 0, physical_total - physical_available,
                   margin(physical_total, margin_ratio, margin_bytes), notes)
 
 
-def tighter(detected: Budget | None, limit_bytes: int | None, process_in_use: int | None,
-            margin_ratio: float, margin_bytes: int) -> Budget | None:
+def tighter(detected: MemoryBudget | None, limit_bytes: int | None, process_in_use: int | None,
+            margin_ratio: float, margin_bytes: int) -> MemoryBudget | None:
     """``capacity.limit_bytes`` against the detected budget: whichever leaves less available."""
     if limit_bytes is None or process_in_use is None:
         return detected
-    own = Budget(detected.device if detected is not None else "cpu", CONFIGURED, limit_bytes, 0, process_in_use,
+    own = MemoryBudget(detected.device if detected is not None else "cpu", CONFIGURED, limit_bytes, 0, process_in_use,
                  margin(limit_bytes, margin_ratio, margin_bytes))
     if detected is None or own.available_bytes <= detected.available_bytes:
         return own
@@ -127,6 +127,6 @@ class CapacityFigures:
     headroom: float | None
     fit_error: float | None
     max_safe_batch: Mapping[int | str, int]
-    budget: Budget | None
+    budget: MemoryBudget | None
     unit: str = TENSOR  # what the peaks count (PROCESS_RESIDENT, CUDA_RESERVED, TENSOR)
     ready: bool = False  # the model answers: a fit with its error measured, and a limit known

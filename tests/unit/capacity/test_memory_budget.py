@@ -1,7 +1,7 @@
 """Which limit applies and what is available under it: plain arithmetic on given readings."""
 from __future__ import annotations
 
-from memprof_otel.capacity.budget import cuda_budget, host_budget, tighter
+from memprof_otel.capacity.memory_budget import cuda_budget, host_budget, tighter
 
 GiB = 1 << 30
 
