@@ -2,7 +2,7 @@
 a container's memory limit) cannot erase, and the post-mortems the next process reads from it.
 
 ``classify.py`` why a process ended, with the evidence that decided it (pure)
-``figures.py`` the figures of an OOM kill's cause, read from the dead process's file alone (pure)
+``oom_figures.py`` the figures of an OOM kill's cause, read from the dead process's file alone (pure)
 ``format.py`` the file format: encoding and decoding (pure)
 ``history.py`` the service's post-mortems on disk, served alike by every process of the service
 ``kernel.py`` what the kernel says (identity, cgroup counters, near-limit notifications, its log)

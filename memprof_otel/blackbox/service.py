@@ -35,7 +35,7 @@ from ..sources.process import ProcessSource
 from ..timeline import Sample
 from . import kernel, signals
 from .classify import REASONS, STOPPED, KernelView, classify, ended_unix
-from .figures import cause_of
+from .oom_figures import cause_of
 from .format import FILE_SUFFIX, FLIGHT_SLOT, PAYLOAD_VERSION, SLOT_HEAD, Contents, Layout, dumps, samples_for
 from .history import History, folder_name
 from .scan import SKIP_REASONS, scan
@@ -122,7 +122,7 @@ def postmortem(c: Contents, reason: str, evidence: list[str]) -> dict[str, Any]:
 
 
 # what the black box writes beside a forward in flight from payload version 2 on: its predicted peak
-# and largest safe batch, for the cause of an OOM kill (``figures.py``)
+# and largest safe batch, for the cause of an OOM kill (``oom_figures.py``)
 _PREDICTION = ("device", "unit", "predicted_peak_bytes", "max_safe_batch")
 _FLIGHT_BODY_MAX = FLIGHT_SLOT - SLOT_HEAD.size
 

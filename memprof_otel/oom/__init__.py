@@ -5,6 +5,12 @@ with the knob that changes it. Pure: no device, no torch import.
 ``cause.py`` why an OOM happened and the knob that changes it, over a small record of figures
 ``cuda_message.py`` the figures torch's CUDA caching allocator writes into its OOM message, read back
 
+See also, for the rest of what the package knows of running out of memory: the figures of a cause
+are gathered in two places, ``telemetry/oom_figures.py`` (an OOM raised in a live process: the memory
+model, torch's message, the samples, the leak watch) and ``blackbox/oom_figures.py`` (a process the
+kernel killed: its black-box file alone); the first is filed as a dump by ``dumps/oom_recorder.py``,
+the second as a post-mortem by ``blackbox/``; and ``capacity/`` answers before a forward whether it fits.
+
 Public: the OOM causes, as ``GET /v1/postmortem``, the ``oom`` dumps, the advice and the OTel events
 name them (docs/reference.md, OOM causes). The module paths are internal.
 """

@@ -1,4 +1,5 @@
 """The figures an OOM's cause is decided from (``oom/cause.py``), gathered where an OOM is seen.
+(The same figures of a process the kernel killed come from its file alone: ``blackbox/oom_figures.py``.)
 
 ``OomExplainer`` is what the OOM recorder (``dumps/oom_recorder.py``) asks when a forward raised
 out-of-memory: the limit in force and what was held (the capacity model's budget), the request's

@@ -1,5 +1,6 @@
 """What a dead process's black box says about the cause of its end: the figures of
-``oom/cause.py``, read from the decoded file alone (pure). The next process has none of the dead
+``oom/cause.py``, read from the decoded file alone (pure). (An OOM raised in a live process gets the
+same figures from its live state: ``telemetry/oom_figures.py``.) The next process has none of the dead
 one's live state, so every figure comes from what it wrote: the limit and its ticks (resident
 memory, the C heap's in-use bytes, the leak detector's suspect), and beside the forward in flight
 its shape, its predicted peak and its largest safe batch (the suspect and the prediction are written

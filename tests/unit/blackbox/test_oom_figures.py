@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from memprof_otel.blackbox.figures import cause_of, oom_figures
+from memprof_otel.blackbox.oom_figures import cause_of, oom_figures
 from memprof_otel.blackbox.format import Contents, Layout
 from memprof_otel.blackbox.service import postmortem
 from memprof_otel.cli.postmortem import render
