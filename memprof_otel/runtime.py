@@ -42,6 +42,7 @@ from .http.connection_errors import REASONS as HTTP_CONNECTION_ERROR_REASONS
 from .http.server import renew_servers_in_child
 from .sources import mmap_threshold, registry
 from .telemetry.breakdown_service import MemoryBreakdownWatch
+from .telemetry.breakdown_sources import RegistrySources
 from .telemetry.fork_renewal import SERVICES, STATE
 from .telemetry.layer_budget import LayerBudget
 from .telemetry.leaks import LeakWatch
@@ -74,48 +75,6 @@ def _surviving_bytes() -> dict[tuple[str, str, str], int]:
 def _survivor_tables() -> dict[str, dict[str, int]]:
     """Model -> its survivor table's counts (held, capacity, left out), where one is kept."""
     return {name: h.survivors.counts() for name, h in live_handles().items() if h.survivors is not None}
-
-
-def _python_heap() -> tuple[int, float] | None:
-    """pymalloc's pools in use and when they were read (None where this interpreter cannot tell)."""
-    src = registry.python_heap()
-    if src is None:
-        return None
-    r = src.read()
-    return r.resident_bytes, r.read_at
-
-
-def _python_heap_down() -> str | None:
-    return registry.down_reasons().get("python_heap")
-
-
-def _host_read_at() -> float | None:
-    host = registry.host_allocator()
-    return host.last_read_unix if host is not None else None
-
-
-# glibc's read is forced for the breakdown's snapshot only while it is cheap (mallinfo2 walks every
-# free chunk: milliseconds on a badly fragmented heap, where its back-off keeps serving the last read)
-_SNAPSHOT_MAX_HEAP_COST_S = 0.0005
-
-
-def _cpu_snapshot() -> tuple[dict[str, float], dict[str, float] | None] | None:
-    """RSS with its parts and glibc's figures, read back to back (the CPU breakdown's moment)."""
-    proc = registry.process()
-    if proc is None:
-        return None
-    host = registry.host_allocator()
-    glibc = None
-    if host is not None and host.cost_ema_s <= _SNAPSHOT_MAX_HEAP_COST_S:
-        glibc = host.read(force=True)
-    return proc.rss_parts(), glibc
-
-
-def _cuda_mem_info(index: int) -> tuple[int, int] | None:
-    """(free, total) of a CUDA device from cudaMemGetInfo, where its allocator source exists."""
-    src = registry.cuda_allocator(index)
-    found = src.device_memory() if src is not None else None
-    return (found[0], found[1]) if found is not None else None
 
 
 def _shutdown_failed(what: str, e: Exception) -> None:
@@ -171,8 +130,7 @@ class Runtime:
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
         # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
-        self.memory = MemoryBreakdownWatch(live_handles, _python_heap, _python_heap_down, registry.cuda_uuids,
-                                           _cuda_mem_info, _host_read_at, _cpu_snapshot)
+        self.memory = MemoryBreakdownWatch(live_handles, RegistrySources(registry))
         self.scrape.contribute("memory", self.memory.series)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,

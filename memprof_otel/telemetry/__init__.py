@@ -3,6 +3,7 @@ and the series every exporter reads. No torch import; the sources registry is ha
 composition root.
 
 ``breakdown_service.py`` ``MemoryBreakdownWatch``: the memory breakdown on every sampler tick
+``breakdown_sources.py`` what the memory breakdown reads besides the tick, from the sources registry
 ``fork_renewal.py`` what a forked child renews, in two ordered stages
 ``gpu_identity.py`` torch's ``cuda:N`` matched to NVML's GPUs by UUID (pure)
 ``growth.py`` the leak detector: is a figure really growing? Theil-Sen trends (pure)

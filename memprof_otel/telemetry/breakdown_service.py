@@ -2,7 +2,8 @@
 tick's sample, the instrumented models' weights and KV caches, the Python object heap) and keeps the
 latest per device for ``memprof_memory_bytes``, ``GET /v1/memory``, the OOM recorder and the advice.
 
-The sources it reads besides the sample are handed over by the composition root (telemetry imports
+The sources it reads besides the sample are handed over by the composition root as one
+``BreakdownSources`` (``breakdown_sources.py`` answers it from the sources registry; telemetry imports
 no source). Each tick costs a walk of the models' parameters (``untyped_storage()`` per tensor:
 about 0.1 ms for GPT-2's 150 tensors) and of their live caches; the Python heap's reading backs off
 by its own cost (``sources/python_heap.py``). ``benchmarks/breakdown_tick.py`` measures the tick.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .._log import rate_limited
 from ..attribution.handle import ModelHandle
@@ -22,36 +23,64 @@ from .gpu_identity import identify
 from .memory_breakdown import DeviceBreakdown, Held, cpu_breakdown, cuda_breakdown, merge_held, series_rows
 from .scrape import ScrapeContext, Row
 
-PythonHeapFn = Callable[[], "tuple[int, float] | None"]
-MemInfoFn = Callable[[int], "tuple[int, int] | None"]
+
+class BreakdownSources(Protocol):
+    """What the breakdown reads besides the tick's sample."""
+
+    def python_heap(self) -> tuple[int, float] | None:
+        """pymalloc's pools in use, in bytes, and the unix time they were read; None where unknown."""
+
+    def python_heap_down(self) -> str | None:
+        """Why the Python heap cannot be read here (None where it can)."""
+
+    def cuda_uuids(self) -> Mapping[int, str]:
+        """torch's CUDA device UUIDs by index (the NVML match)."""
+
+    def mem_info(self, index: int) -> tuple[int, int] | None:
+        """The device's (free, total) from cudaMemGetInfo: asked only where NVML cannot see this process."""
+
+    def heap_read_at(self) -> float | None:
+        """When glibc's figures were last read (their age in the document)."""
+
+    def cpu_snapshot(self) -> tuple[dict[str, float], dict[str, float] | None] | None:
+        """(RSS and its parts, glibc's figures or None) read back to back now, for a CPU breakdown
+        of one moment (None: the tick's figures are used)."""
 
 
-def _none() -> None:
-    return None
+class NoBreakdownSources:
+    """Nothing besides the sample: no Python heap, no UUIDs, no cudaMemGetInfo, no snapshot."""
+
+    def python_heap(self) -> tuple[int, float] | None:
+        return None
+
+    def python_heap_down(self) -> str | None:
+        return None
+
+    def cuda_uuids(self) -> Mapping[int, str]:
+        return {}
+
+    def mem_info(self, index: int) -> tuple[int, int] | None:
+        return None
+
+    def heap_read_at(self) -> float | None:
+        return None
+
+    def cpu_snapshot(self) -> tuple[dict[str, float], dict[str, float] | None] | None:
+        return None
+
+
+NO_SOURCES = NoBreakdownSources()
 
 
 class MemoryBreakdownWatch:
     """``on_sample`` is the sampler listener; ``breakdowns()``, ``series(scrape)``, ``document()``
-    read the latest. ``python_heap()``: (resident bytes, unix time) or None; ``python_heap_down()``:
-    why not; ``cuda_uuids()``: torch's device UUIDs (the NVML match); ``mem_info(index)``: the
-    device's (free, total) from cudaMemGetInfo, asked only where NVML cannot see this process;
-    ``heap_read_at()``: when glibc's figures were last read (their age in the document);
-    ``cpu_snapshot()``: (RSS and its parts, glibc's figures or None) read back to back now, for a CPU
-    breakdown of one moment (None: the tick's figures are used)."""
+    read the latest. ``handles()``: the live models (their weights and caches); ``sources``: what
+    it reads besides the sample."""
 
-    def __init__(self, handles: Callable[[], Mapping[str, ModelHandle]], python_heap: PythonHeapFn = _none,
-                 python_heap_down: Callable[[], str | None] = _none,
-                 cuda_uuids: Callable[[], Mapping[int, str]] = dict, mem_info: MemInfoFn = lambda _i: None,
-                 heap_read_at: Callable[[], float | None] = _none,
-                 cpu_snapshot: Callable[[], "tuple[dict[str, float], dict[str, float] | None] | None"] = _none,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, handles: Callable[[], Mapping[str, ModelHandle]],
+                 sources: BreakdownSources = NO_SOURCES, clock: Callable[[], float] = time.time) -> None:
         self._handles = handles
-        self._python_heap = python_heap
-        self._python_heap_down = python_heap_down
-        self._cuda_uuids = cuda_uuids
-        self._mem_info = mem_info
-        self._heap_read_at = heap_read_at
-        self._cpu_snapshot = cpu_snapshot
+        self._sources = sources
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[str, DeviceBreakdown] = {}
@@ -90,8 +119,8 @@ class MemoryBreakdownWatch:
     def compute(self, sample: Sample) -> dict[str, DeviceBreakdown]:
         held = self.held()
         out: dict[str, DeviceBreakdown] = {}
-        cpu_sample, heap_at = sample, self._heap_read_at()
-        snap = self._cpu_snapshot()
+        cpu_sample, heap_at = sample, self._sources.heap_read_at()
+        snap = self._sources.cpu_snapshot()
         if snap is not None and snap[0].get("resident_memory_bytes"):
             # RSS and glibc's heap read back to back now: the tick's own figures come from worker threads
             # at slightly different moments, and glibc's may be an earlier read (its back-off), which
@@ -101,7 +130,8 @@ class MemoryBreakdownWatch:
             cpu_sample = Sample(t=now, process=snap[0], allocators={"cpu": glibc} if glibc else {},
                                 container=sample.container)
             heap_at = now if snap[1] is not None else heap_at
-        cpu = cpu_breakdown(cpu_sample, held, self._python_heap(), self._python_heap_down(), heap_at)
+        cpu = cpu_breakdown(cpu_sample, held, self._sources.python_heap(), self._sources.python_heap_down(),
+                            heap_at)
         if cpu is not None:
             out["cpu"] = cpu
         cuda = sorted(d for d in sample.allocators if d.startswith("cuda:"))
@@ -111,7 +141,7 @@ class MemoryBreakdownWatch:
                 gpu = gpus.get(device)
                 mem_info = None
                 if gpu is None or gpu.process_used_bytes is None:
-                    mem_info = self._mem_info(int(device.partition(":")[2]))
+                    mem_info = self._sources.mem_info(int(device.partition(":")[2]))
                 out[device] = cuda_breakdown(device, sample.allocators[device], sample.t, held, gpu, mem_info)
         return out
 
@@ -119,7 +149,7 @@ class MemoryBreakdownWatch:
         if not sample.gpus:
             return {}
         by_index = {str(g.index): g for g in sample.gpus}
-        return {ident.device: by_index[ident.gpu] for ident in identify(self._cuda_uuids(), sample.gpus)
+        return {ident.device: by_index[ident.gpu] for ident in identify(self._sources.cuda_uuids(), sample.gpus)
                 if ident.gpu in by_index}
 
     # ---- what readers get ----------------------------------------------------------------------
@@ -141,4 +171,4 @@ class MemoryBreakdownWatch:
         return doc
 
 
-__all__ = ["MemoryBreakdownWatch"]
+__all__ = ["BreakdownSources", "MemoryBreakdownWatch", "NO_SOURCES", "NoBreakdownSources"]

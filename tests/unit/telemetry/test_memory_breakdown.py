@@ -8,7 +8,7 @@ import pytest
 
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.nvml import NvmlSource
-from memprof_otel.telemetry.breakdown_service import MemoryBreakdownWatch
+from memprof_otel.telemetry.breakdown_service import MemoryBreakdownWatch, NoBreakdownSources
 from memprof_otel.telemetry.memory_breakdown import (COMPONENTS, Held, cpu_breakdown, cuda_breakdown, merge_held,
                                                      series_rows)
 from memprof_otel.timeline import Sample
@@ -141,8 +141,12 @@ def test_the_watch_matches_cuda_devices_to_nvml_by_uuid_and_exports_every_part()
                                                             compute_processes=[(ME, reserved + 300 * MIB)])]), pid=ME)
     sample = Sample(t=50.0, process={"resident_memory_bytes": 100 * MIB}, allocators={"cuda:0": figures},
                     gpus=nvml.readings())
+    class TorchUuids(NoBreakdownSources):
+        def cuda_uuids(self) -> dict[int, str]:
+            return {0: UUID0[len("GPU-"):]}
+
     watch = MemoryBreakdownWatch(lambda: {"m": _Handle({"weights": {("cuda:0", 1): 40 * MIB}})},
-                                 cuda_uuids=lambda: {0: UUID0[len("GPU-"):]}, clock=lambda: 51.0)
+                                 TorchUuids(), clock=lambda: 51.0)
     watch.on_sample(sample)
     doc = watch.document()
     cuda = doc["devices"]["cuda:0"]
