@@ -30,7 +30,7 @@ from .attribution.registry import live_handles
 from .blackbox.service import BlackBox, span_attributes
 from .config import Config, DumpsConfig, SeriesConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler
-from .dumps.oom_recorder import OomRecorder
+from .dumps.oom_recorder import FlightSources, OomRecorder
 from .dumps.service import DumpService
 from .dumps.store import sweep_gone
 from .export.exposition_merge import OPENMETRICS
@@ -133,9 +133,9 @@ class Runtime:
         self.memory = MemoryBreakdownWatch(live_handles, RegistrySources(registry))
         self.scrape.contribute("memory", self.memory.series)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
-        self.oom_recorder = OomRecorder(self.samples, self.tracker.records, self.counters.count_oom,
-                                        self.dump_service.store_json,
-                                        OomExplainer(self.samples, lambda: self.leaks), self.memory.document)
+        self.oom_recorder = OomRecorder(FlightSources(self.samples, self.tracker.records, self.memory.document),
+                                        self.counters.count_oom, self.dump_service.store_json,
+                                        OomExplainer(self.samples, lambda: self.leaks))
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
         # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the

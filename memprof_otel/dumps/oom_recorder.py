@@ -7,12 +7,14 @@ the knob to change (``oom/cause.py``; the figures are gathered by the ``explain`
 composition root hands it, which reads the memory model and the leak watch). It never swallows or changes the exception: it observes the
 forward's end, and the error continues up the caller's stack as it was. It is a forward observer
 (``attribution/handle.py``) that the composition root registers on every handle, and
-reads the process history and stores its dump through the functions it was built with.
+reads the process history (``FlightSources``) and stores its dump through the functions it was
+built with.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -30,6 +32,16 @@ class ObservedModel(Protocol):
 
     def object_paths(self) -> dict[int, str]: ...
     def layer_stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class FlightSources:
+    """What a flight record carries of the process, read when the OOM is recorded."""
+
+    samples: Callable[[], list[Sample]]              # the sampler's recent samples
+    operations: Callable[[], list[OperationRecord]]  # the operation records (the open ones are kept)
+    # where the memory went at the last sampler tick (GET /v1/memory's document); None: not carried
+    memory: Callable[[], dict[str, Any]] | None = None
 
 
 LAST_SAMPLES = 30
@@ -51,20 +63,15 @@ def failing_layer(h: ObservedModel, exc: BaseException) -> str | None:
 
 
 class OomRecorder:
-    """``samples()``: the sampler's recent samples; ``operations()``: the operation records;
-    ``count_oom(device)``: counts an OOM the device's allocator does not count itself;
-    ``store(doc, kind, model)``: stores the flight record (the dump service's ``store_json``);
-    ``explain(h, exc)``: the OOM's cause (``Cause.to_dict()``), None where nothing explains;
-    ``memory()``: the memory breakdown (``GET /v1/memory``'s document), carried in the record."""
+    """``flight``: what the record carries of the process; ``count_oom(device)``: counts an OOM the
+    device's allocator does not count itself; ``store(doc, kind, model)``: stores the flight record
+    (the dump service's ``store_json``); ``explain(h, exc)``: the OOM's cause (``Cause.to_dict()``),
+    None where nothing explains."""
 
-    def __init__(self, samples: Callable[[], list[Sample]], operations: Callable[[], list[OperationRecord]],
-                 count_oom: Callable[[str], None],
+    def __init__(self, flight: FlightSources, count_oom: Callable[[str], None],
                  store: Callable[[dict[str, Any], str, str], DumpInfo | None],
-                 explain: Callable[[Any, BaseException], dict[str, Any] | None] | None = None,
-                 memory: Callable[[], dict[str, Any]] | None = None) -> None:
-        self._samples = samples
-        self._memory = memory  # where the memory went at the last sampler tick (GET /v1/memory's)
-        self._operations = operations
+                 explain: Callable[[Any, BaseException], dict[str, Any] | None] | None = None) -> None:
+        self._flight = flight
         self._count_oom = count_oom
         self._store = store
         self._explain = explain
@@ -81,18 +88,18 @@ class OomRecorder:
         if not device.startswith("cuda"):  # CUDA's allocator counts its own OOMs (num_ooms)
             self._count_oom(device)
         layer = failing_layer(h, exc)
-        samples = self._samples()[-LAST_SAMPLES:]
+        samples = self._flight.samples()[-LAST_SAMPLES:]
         doc = {
             "kind": "oom", "model": h.name, "device": device, "time": time.time(),
             "failing_layer": layer, "exception": f"{type(exc).__name__}: {exc}"[:2000],
             "samples": [s.to_dict() for s in samples],
-            "open_operations": [r.to_dict() for r in self._operations() if r.open],
+            "open_operations": [r.to_dict() for r in self._flight.operations() if r.open],
             "layer_stats": {k: v.to_dict() for k, v in h.layer_stats().items()},
             "cause": self._cause(h, exc),
         }
-        if self._memory is not None:
+        if self._flight.memory is not None:
             try:
-                doc["memory"] = self._memory()
+                doc["memory"] = self._flight.memory()
             except Exception as e:  # noqa: BLE001 - the flight record goes out without it
                 doc["memory"] = {"error": repr(e)}
         info = self._store(doc, "oom", h.name)
