@@ -1,9 +1,13 @@
 """The composition root: the one place that builds the process-wide services and wires them.
 
-It builds the sampler, the operations tracker, the exporters, the watchdog, the leak watch, the dump
-service, the advice and the servers, and hands each the objects it reads: the scrape view
-(``telemetry/scrape.py``, where each family of series is a registered contributor), the series
-budget (``telemetry/layer_budget.py``), the self-counters (``telemetry/self_counters.py``). Every
+It has two lifetimes. The services built once, in ``Runtime.__init__`` (the operations tracker, the
+scrape view, the series budget, the advice, the dump service, the memory breakdown, the OOM
+recorder, the black box), live as long as the process. What each start builds anew with its config
+(the sampler, the leak watch, the watchdog, the single-port snapshot writer) is one record,
+``Started``, replaced whole by every start, stop and shutdown; the services built once read it
+through one getter (``telemetry/started.py``), never through a reference of their own that a
+restart would leave stale. Every family of series beside the built-in ones is registered in one
+place, ``Runtime._register_series`` (the scrape view, ``telemetry/scrape.py``, merges them). Every
 other module receives its collaborators as arguments; only this module and the public API
 (``api.py``) look up the process runtime. Created on first use (import stays free of side effects).
 ``instrument()`` and ``operation()`` start it with the config they were given if nothing runs yet;
@@ -17,10 +21,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ._log import rate_limited
@@ -51,9 +55,9 @@ from .telemetry.oom_figures import OomExplainer, flight_prediction, host_leak
 from .telemetry.operations import OperationTracker, current_operation
 from .telemetry.sampled_sources import SampledSources
 from .telemetry.sampler import Sampler
-from .telemetry.scrape import ScrapeView, ignoring_context, layer_view
+from .telemetry.scrape import Row, ScrapeView, ignoring_context, layer_view
 from .telemetry.self_counters import SelfCounters
-from .telemetry.series import FRAMEWORKS
+from .telemetry.started import NOT_STARTED, StartedView
 from .timeline import OperationRecord, Sample
 from .watchdog.adapter import AlertCallback, Watchdog
 
@@ -83,9 +87,8 @@ def _shutdown_failed(what: str, e: Exception) -> None:
     log.warning("memprof_otel: shutdown: %s failed: %r", what, e, exc_info=e)
 
 
-def _framework_versions() -> dict[str, str]:
-    """Framework -> version, for each of FRAMEWORKS this process has imported (never imports one)."""
-    return {name: str(getattr(sys.modules[name], "__version__", "")) for name in FRAMEWORKS if name in sys.modules}
+def _service_name_of(cfg: Config | None) -> str:
+    return service_name_in_effect(cfg.service_name if cfg is not None else None, os.environ)
 
 
 def _shutdown_at_exit(ref: "weakref.ref[Runtime]") -> None:
@@ -94,69 +97,138 @@ def _shutdown_at_exit(ref: "weakref.ref[Runtime]") -> None:
         rt.shutdown(3.0)
 
 
+@dataclass(frozen=True)
+class Started:
+    """What one start builds anew, with its config. Never changed in place: a start replaces it
+    with the next; a stop, with the same less its sampler (what it sampled is kept for the
+    reports); a shutdown, less its snapshot writer and its config too. The leak watch and the
+    watchdog stay until the next start: their reports (``/v1/leaks``, ``/v1/alerts``) still answer."""
+
+    config: Config | None            # the config in force; None after a shutdown
+    sampler: Sampler | None          # the running sampler; None once stopped
+    leaks: LeakWatch
+    watchdog: Watchdog
+    snapshots: SnapshotWriter | None  # single-port mode (workers.snapshot_dir): this worker's series file
+    started_unix: float
+
+
 class Runtime:
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self.config: Config | None = None
+        # ---- per start: what the last start built (None before the first), read through
+        # _current(); the properties below (config, sampler, leaks, ...) read it too
+        self._started: Started | None = None
+        # (config, samples) of the last sampler stopped, until monitoring starts again
+        self._kept: tuple[Config | None, list[Sample]] | None = None
+        # ---- kept across starts, each for its own reason
         # the config given to start_monitoring(): the default for models instrumented without one.
         # A config adopted from the first instrument() call is not: its per-model overrides
         # (every forward attributed, say) must not leak into the next model.
         self.monitoring_config: Config | None = None
-        self.sampler: Sampler | None = None
+        # replaced only when a start brings other OTel settings or providers, renewed in a forked child
         self.otel: OtelExporter | None = None
+        self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
+        self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); every start's watchdog calls them
+        self.servers: list[Any] = []
+        # ---- built once: the services, each handed what it reads
         self.counters = SelfCounters(HTTP_CONNECTION_ERROR_REASONS)
         self.sources = SampledSources(registry)  # the sampler's sources and the operations' probe
         self.tracker = OperationTracker(self.sources)
         self.op_stats: OperationStats = OperationStats()
         self.tracker.add_end_listener(self._operation_ended)
-        # (config, samples) of the last sampler stopped, until monitoring starts again
-        self._kept: tuple[Config | None, list[Sample]] | None = None
-        self.watchdog: Watchdog | None = None  # rebuilt on every start, with the config's rules
-        self.leaks: LeakWatch | None = None    # rebuilt on every start, with the config's leaks section
-        self.alert_callbacks: list[AlertCallback] = []  # add_alert_callback(); kept across restarts
-        self.servers: list[Any] = []
+        # the advice is built after the budget (it reads the scrape, which applies the budget)
         self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects,
                                   lambda: self.advisor.advised_layers())
-        self.scrape = ScrapeView(lambda: self.config, lambda: self.sampler, self.counters, self.op_stats,
-                                 self.budget, _framework_versions, registry.down_reasons, registry.cuda_uuids)
-        self.advisor = Advisor(lambda: self.sampler, lambda: self.leaks, self.scrape.layer_views,
-                               self.counters.extra_ooms, last_oom_cause=self._last_oom_cause)
-        # the families every process has beside the built-in ones; the watchdog's and the leak
-        # watch's are registered at each start, with the objects that start builds
-        self.scrape.contribute("operations", ignoring_context(self.op_stats.delta_series))
-        self.scrape.contribute("advice", self.advisor.severity_series)
+        self.scrape = ScrapeView(self._current, self.counters, self.op_stats, self.budget, registry)
+        self.advisor = Advisor(self._current, self.scrape.layer_views, self.counters.extra_ooms,
+                               last_oom_cause=self._last_oom_cause)
         self.dump_service = DumpService(live_handles, self._dumps_config, self.counters.count_dump,
                                         self._service_name)
         # Python-heap diffs on demand (POST /v1/heap): nothing traced until asked, stopped at shutdown
         self.heap = HeapProfiler(lambda: self.dump_service.store, self.counters.count_dump)
         # where the memory goes, on every sampler tick (GET /v1/memory, memprof_memory_bytes)
         self.memory = MemoryBreakdownWatch(live_handles, RegistrySources(registry))
-        self.scrape.contribute("memory", self.memory.series)
         # forward observers every connected handle gets: the OOM flight recorder, the OTel recorder
         self.oom_recorder = OomRecorder(FlightSources(self.samples, self.tracker.records, self.memory.document),
                                         self.counters.count_oom, self.dump_service.store_json,
-                                        OomExplainer(self.samples, lambda: self.leaks))
+                                        OomExplainer(self.samples, self._current))
         self.otel_observer = OtelForwardObserver(lambda: self.otel, self.counters.count_export_error, layer_view,
                                                  self.budget.exported_layers)
         # the black box: this process's last seconds in a file a SIGKILL leaves behind, and the
         # post-mortems of the processes that left theirs (blackbox/)
-        self.blackbox = BlackBox(self.dump_service.store_json, _operation_name,
-                                 lambda doc: self._span_event("memprof.postmortem", span_attributes(doc)),
-                                 flight_prediction(live_handles), host_leak(lambda: self.leaks))
-        self.scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
-        self.snapshots: SnapshotWriter | None = None  # single-port mode: this worker's series file
-        self._otel_providers: tuple[Any, Any] = (None, None)  # the providers start_monitoring() was given
-        self.started_unix = 0.0
+        self.blackbox = BlackBox(self.dump_service.store_json, _operation_name, self._postmortem_event,
+                                 flight_prediction(live_handles), host_leak(self._current))
+        self._register_series()
         self._started_once = False
         self._shutdown_hooks: list[Callable[[float], None]] = []
         # a forked child: fresh locks and no parent's operations before the sampler's thread re-arms
         # (fork_renewal.STATE), renewed exporters and endpoint after (SERVICES, added at the first start)
         STATE.add(self._child_state)
 
+    def _register_series(self) -> None:
+        """Every family of series beside the built-in ones (``telemetry/series.py``), one
+        registration each: a new family is registered here, after its row in ``metric_names.py``."""
+        scrape = self.scrape
+        scrape.contribute("operations", ignoring_context(self.op_stats.delta_series))
+        scrape.contribute("advice", self.advisor.severity_series)
+        scrape.contribute("memory", self.memory.series)
+        scrape.contribute("postmortem", ignoring_context(self.blackbox.series))
+        # the last start's leak watch and watchdog, read at each scrape (none before the first start)
+        scrape.contribute("leaks", ignoring_context(self._leak_series))
+        scrape.contribute("watchdog", ignoring_context(self._watchdog_series))
+
+    # ---- what the last start built -------------------------------------------------------------
+    def _current(self) -> StartedView:
+        """The record of the last start, as the services built once read it."""
+        run = self._started
+        return run if run is not None else NOT_STARTED
+
+    @property
+    def config(self) -> Config | None:
+        return self._current().config
+
+    @property
+    def sampler(self) -> Sampler | None:
+        return self._current().sampler
+
+    @property
+    def leaks(self) -> LeakWatch | None:
+        return self._current().leaks
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        run = self._started
+        return run.watchdog if run is not None else None
+
+    @property
+    def snapshots(self) -> SnapshotWriter | None:
+        run = self._started
+        return run.snapshots if run is not None else None
+
+    @property
+    def started_unix(self) -> float:
+        run = self._started
+        return run.started_unix if run is not None else 0.0
+
+    def _drop(self, **ended: None) -> None:
+        """Replace the record of the last start with the same less what a stop or a shutdown ended."""
+        run = self._started
+        if run is not None:
+            self._started = replace(run, **ended)
+
+    def _leak_series(self) -> dict[str, list[Row]]:
+        run = self._started
+        return run.leaks.series() if run is not None else {}
+
+    def _watchdog_series(self) -> dict[str, list[Row]]:
+        run = self._started
+        return run.watchdog.series() if run is not None else {}
+
     # ---- lifecycle -------------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self.sampler is not None and self.sampler.running
+        sampler = self.sampler  # read once: a stop may replace the record between two reads
+        return sampler is not None and sampler.running
 
     def ensure_started(self, config: Config | None = None) -> "Runtime":
         """Start with ``config`` unless something already runs (first caller's config wins)."""
@@ -187,7 +259,7 @@ class Runtime:
         return cfg
 
     def _start(self, cfg: Config, *, meter_provider: Any = None, tracer_provider: Any = None) -> None:
-        prev, self.config = self.config, cfg
+        prev = self.config
         self.scrape.forget()  # a restart must not serve the previous run's figures
         self.op_stats.max_names = cfg.prometheus.max_operations
         sampler = Sampler(self.sources.specs(), cfg.sampler.interval, cfg.sampler.buffer_size,
@@ -205,25 +277,23 @@ class Runtime:
             self._start_otel(cfg, meter_provider, tracer_provider)
         self.tracker.spans = self.otel
         # before the watchdog's listener: a rule on a growth metric sees this tick's trends
-        self.leaks = LeakWatch(cfg.leaks, _surviving_bytes, _survivor_tables)
-        sampler.add_listener(self.leaks.on_sample)
-        self.scrape.contribute("leaks", ignoring_context(self.leaks.series))
-        self.watchdog = Watchdog(cfg.watchdog, series=lambda: self.scrape.series(max_age_s=0.0),
-                                 span_event=self._span_event, dump_all=self._dump_all,
-                                 count_dump=self.counters.count_dump, callbacks=self.alert_callbacks,
-                                 count_error=self.counters.count_export_error)
-        sampler.add_listener(self.watchdog.on_sample)
-        self.scrape.contribute("watchdog", ignoring_context(self.watchdog.series))
-        self._start_snapshots(cfg, sampler)
-        self.blackbox.start(cfg.blackbox, self._service_name(), cfg.sampler.interval)
+        leaks = LeakWatch(cfg.leaks, _surviving_bytes, _survivor_tables)
+        sampler.add_listener(leaks.on_sample)
+        watchdog = Watchdog(cfg.watchdog, series=lambda: self.scrape.series(max_age_s=0.0),
+                            span_event=self._span_event, dump_all=self._dump_all,
+                            count_dump=self.counters.count_dump, callbacks=self.alert_callbacks,
+                            count_error=self.counters.count_export_error)
+        sampler.add_listener(watchdog.on_sample)
+        snapshots = self._start_snapshots(cfg, sampler)
+        service = _service_name_of(cfg)
+        self.blackbox.start(cfg.blackbox, service, cfg.sampler.interval)
         if not cfg.dumps.dir:  # the per-process dump folders of this service's gone processes, by the same retention
-            threading.Thread(target=sweep_gone, args=(self._service_name(), cfg.blackbox.keep, cfg.blackbox.keep_for,
+            threading.Thread(target=sweep_gone, args=(service, cfg.blackbox.keep, cfg.blackbox.keep_for,
                                                       process_alive), name="memprof-dump-sweep", daemon=True).start()
         if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
             mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
         sampler.add_listener(self.blackbox.on_sample)
-        self.sampler = sampler
-        self.started_unix = time.time()
+        self._started = Started(cfg, sampler, leaks, watchdog, snapshots, time.time())
         sampler.start()
         if not self._started_once:
             # after sampler.start(): the sampler's own at-fork hook is registered by then, so in a
@@ -233,20 +303,20 @@ class Runtime:
             atexit.register(self.blackbox.mark_exiting)  # runs first: the exit began
             self._started_once = True
 
-    def _start_snapshots(self, cfg: Config, sampler: Sampler) -> None:
+    def _start_snapshots(self, cfg: Config, sampler: Sampler) -> SnapshotWriter | None:
         """Single-port mode (``workers.snapshot_dir``): write this process's series on sampler ticks."""
-        if self.snapshots is not None:
+        if self.snapshots is not None:  # the last start's file: this start writes its own
             self.snapshots.remove()
-            self.snapshots = None
         folder = cfg.workers.snapshot_dir
         if folder is None:
-            return
+            return None
         registry = make_registry(self.scrape, layers=False)  # layer families: the fast writer, as a scrape
-        self.snapshots = SnapshotWriter(folder, cfg.workers.snapshot_interval,
-                                        lambda: render_exposition(self.scrape, registry, OPENMETRICS)[0],
-                                        self.counters.count_export_error)
+        snapshots = SnapshotWriter(folder, cfg.workers.snapshot_interval,
+                                   lambda: render_exposition(self.scrape, registry, OPENMETRICS)[0],
+                                   self.counters.count_export_error)
         self.counters.expect_exporter("worker_snapshot")
-        sampler.add_listener(self.snapshots.on_sample)
+        sampler.add_listener(snapshots.on_sample)
+        return snapshots
 
     def _start_otel(self, cfg: Config, meter_provider: Any, tracer_provider: Any) -> None:
         try:
@@ -271,8 +341,9 @@ class Runtime:
         self._lock = threading.RLock()
         self.tracker.after_fork()
         self.op_stats.after_fork()  # the parent's operations are the parent's series
-        if self.snapshots is not None:
-            self.snapshots.after_fork()
+        snapshots = self.snapshots
+        if snapshots is not None:
+            snapshots.after_fork()
 
     def _child_services(self) -> None:
         """A forked child has none of the parent's threads and would otherwise speak as its
@@ -312,7 +383,8 @@ class Runtime:
         h.add_flight_listener(self.blackbox)
 
     def _series_config(self) -> SeriesConfig:
-        return self.config.series if self.config is not None else SeriesConfig()
+        cfg = self.config
+        return cfg.series if cfg is not None else SeriesConfig()
 
     def _last_oom_cause(self) -> dict[str, Any] | None:
         """The latest OOM's cause: this process's last ``oom`` record or the last OOM kill's post-mortem."""
@@ -320,15 +392,15 @@ class Runtime:
         return max(found, key=lambda c: c.get("time") or 0.0) if found else None
 
     def _leak_suspects(self) -> dict[str, frozenset[str]]:
-        return self.leaks.suspected_layers() if self.leaks is not None else {}
+        leaks = self.leaks
+        return leaks.suspected_layers() if leaks is not None else {}
 
     def _dumps_config(self) -> DumpsConfig | None:
         cfg = self.config
         return cfg.dumps if cfg is not None else None
 
     def _service_name(self) -> str:
-        cfg = self.config
-        return service_name_in_effect(cfg.service_name if cfg is not None else None, os.environ)
+        return _service_name_of(self.config)
 
     def samples(self, since_unix: float | None = None) -> list[Sample]:
         """The samples taken: the running sampler's, or, after ``stop_monitoring()``, what it had
@@ -358,6 +430,9 @@ class Runtime:
         if self.otel is not None:
             self.otel.span_event(name, attributes)
 
+    def _postmortem_event(self, doc: dict[str, Any]) -> None:
+        self._span_event("memprof.postmortem", span_attributes(doc))
+
     def _dump_all(self, reason: str) -> None:
         self.dump_service.capture_all(reason=reason, forwards=1, timeout=60.0)
 
@@ -367,7 +442,8 @@ class Runtime:
             return self._stop(timeout)
 
     def _stop(self, timeout: float) -> bool:
-        sampler, self.sampler = self.sampler, None
+        sampler = self.sampler
+        self._drop(sampler=None)
         self.tracker.end_phase()
         if sampler is None:
             return True
@@ -396,9 +472,10 @@ class Runtime:
                     ok = False
                     _shutdown_failed(f"closing the endpoint server at {getattr(srv, 'url', srv)}", e)
             self.servers.clear()
-            if self.snapshots is not None:  # a worker that ends leaves the single-port view at once
-                self.snapshots.remove()  # (and writes no more, though the sampler ticks on a moment)
-                self.snapshots = None
+            snapshots = self.snapshots
+            if snapshots is not None:  # a worker that ends leaves the single-port view at once
+                snapshots.remove()  # (and writes no more, though the sampler ticks on a moment)
+                self._drop(snapshots=None)
             for fn in list(self._shutdown_hooks):
                 try:
                     fn(max(0.0, deadline - time.monotonic()))
@@ -414,7 +491,7 @@ class Runtime:
                 ok &= otel.shutdown(max(0.1, deadline - time.monotonic() - 0.5))
             ok &= self._stop(min(2.0, max(0.1, deadline - time.monotonic())))
             self.blackbox.shutdown()  # a clean end leaves no black box behind
-            self.config = None  # the next start takes the config it is given afresh
+            self._drop(config=None)  # the next start takes the config it is given afresh
             self.monitoring_config = None
         return ok
 

@@ -17,27 +17,25 @@ from .._log import rate_limited
 from ..attribution.handle import ModelHandle
 from ..attribution.registry import live_handles
 from ..dumps.service import pick_model
-from ..telemetry.leaks import LeakWatch
-from ..telemetry.sampler import Sampler
 from ..telemetry.scrape import Row, ScrapeContext
 from ..telemetry.series import LayerView
+from ..telemetry.started import CurrentStart
 from .evidence import CapacityFacts, Evidence, LeakSuspect, ModelLayers, OomCauseFacts
 from .report import AdviceReport, build_report, severity_by_id
 from .rules import advise, advised_layer
 
 
 class Advisor:
-    """``sampler`` and ``leaks``: the running sampler and leak watch, if any; ``layer_views``: the
-    live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards (a live counter);
-    ``last_oom_cause()``: the latest OOM's cause (an ``oom`` record's or an OOM kill's post-mortem's)."""
+    """``started``: the root's record of the last start (its running sampler and leak watch);
+    ``layer_views``: the live models' layer views; ``extra_ooms``: device -> OOMs seen in forwards
+    (a live counter); ``last_oom_cause()``: the latest OOM's cause (an ``oom`` record's or an OOM
+    kill's post-mortem's)."""
 
-    def __init__(self, sampler: Callable[[], Sampler | None], leaks: Callable[[], LeakWatch | None],
-                 layer_views: Callable[[], list[LayerView]], extra_ooms: Mapping[str, int],
-                 handles: Callable[[], Mapping[str, ModelHandle]] = live_handles,
+    def __init__(self, started: CurrentStart, layer_views: Callable[[], list[LayerView]],
+                 extra_ooms: Mapping[str, int], handles: Callable[[], Mapping[str, ModelHandle]] = live_handles,
                  last_oom_cause: Callable[[], Mapping[str, Any] | None] = lambda: None) -> None:
         self._last_oom_cause = last_oom_cause
-        self._sampler = sampler
-        self._leaks = leaks
+        self._started = started
         self._layer_views = layer_views
         self._extra_ooms = extra_ooms
         self._handles = handles
@@ -76,12 +74,13 @@ class Advisor:
 
     def evidence(self, views: list[LayerView] | None = None) -> Evidence:
         """What the advice rules read, taken now. ``views``: the layer views a scrape already took."""
-        sampler = self._sampler()
+        run = self._started()
+        sampler = run.sampler
         latest = sampler.latest() if sampler is not None else None
         views = self._layer_views() if views is None else views
         models = [ModelLayers(v.model, v.device, {k: f.peak_increase for k, f in v.peaks.items()})
                   for v in views if v.peaks]  # no attributed forward yet: nothing to cite
-        watch = self._leaks()
+        watch = run.leaks
         running = sampler is not None and sampler.running
         watching = watch is not None and watch.cfg.enabled and running
         suspects = [LeakSuspect(s["source"], s["model"], s["layer"], s["device"],

@@ -19,6 +19,7 @@ composition root.
 ``scrape.py`` ``ScrapeView``: what every exporter reads, with one merge point for the series
 ``self_counters.py`` the counters memprof-otel keeps of itself (export errors, dumps, OOMs, ...)
 ``series.py`` the latest figures as labelled series: the one data path every exporter reads
+``started.py`` what a service built once reads of the objects each start builds anew
 
 Public: ``memprof_otel.current_operation()`` (the operations ``memprof_otel.operation()`` opens),
 ``GET /v1/status``, ``/v1/timeline``, ``/v1/leaks`` and ``/v1/memory``, ``/healthz``, the

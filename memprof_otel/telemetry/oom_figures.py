@@ -20,6 +20,7 @@ from ..oom.cause import LeakTrend, OomFigures, classify
 from ..oom.cuda_message import parse as parse_cuda_message
 from ..timeline import Sample
 from .leaks import ALLOCATOR, LAYER, PROCESS, LeakWatch
+from .started import CurrentStart
 
 
 def _features(h: ModelHandle) -> dict[str, int]:
@@ -116,12 +117,12 @@ def leak_on(watch: LeakWatch | None, model: str, device: str) -> LeakTrend | Non
     return best
 
 
-def host_leak(leaks: Callable[[], LeakWatch | None]) -> Callable[[], dict[str, Any] | None]:
+def host_leak(started: CurrentStart) -> Callable[[], dict[str, Any] | None]:
     """What the black box writes with each tick: the suspect on the host (the process's resident
-    memory, the C heap, a layer on CPU) that grew most, or None. The kernel kills for the host's
-    memory, so a GPU's suspects are not the post-mortem's."""
+    memory, the C heap, a layer on CPU) that grew most, or None, from the last start's leak watch.
+    The kernel kills for the host's memory, so a GPU's suspects are not the post-mortem's."""
     def suspect() -> dict[str, Any] | None:
-        watch = leaks()
+        watch = started().leaks
         if watch is None or not watch.cfg.enabled:
             return None
         best: tuple[float, dict[str, Any]] | None = None
@@ -134,11 +135,12 @@ def host_leak(leaks: Callable[[], LeakWatch | None]) -> Callable[[], dict[str, A
 
 
 class OomExplainer:
-    """``samples()``: the sampler's recent samples; ``leaks()``: the running leak watch, if any."""
+    """``samples()``: the sampler's recent samples; ``started``: the root's record of the last
+    start (its leak watch)."""
 
-    def __init__(self, samples: Callable[[], list[Sample]], leaks: Callable[[], LeakWatch | None]) -> None:
+    def __init__(self, samples: Callable[[], list[Sample]], started: CurrentStart) -> None:
         self._samples = samples
-        self._leaks = leaks
+        self._started = started
 
     def __call__(self, h: ModelHandle, exc: BaseException) -> dict[str, Any]:
         """The cause of the OOM ``h``'s forward raised, as the ``oom`` dump carries it."""
@@ -183,7 +185,7 @@ class OomExplainer:
             max_safe_batch=got.get("max_safe_batch"), requested_bytes=requested, reserved_free_bytes=reserved_free,
             room_beyond_reserved_bytes=room_beyond, outside_bytes=outside,
             outside_baseline_bytes=baseline if outside is not None else None,
-            leak=leak_on(self._leaks(), h.name, device), unit=got.get("unit"), notes=tuple(notes))
+            leak=leak_on(self._started().leaks, h.name, device), unit=got.get("unit"), notes=tuple(notes))
 
 
 __all__ = ["OomExplainer", "flight_prediction", "host_leak", "leak_on", "prediction"]

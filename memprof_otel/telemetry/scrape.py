@@ -12,10 +12,11 @@ and adds its own gauges. Nothing here reads a device.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from .._log import rate_limited
 from .._version import __version__
@@ -26,9 +27,9 @@ from ..timeline import Sample
 from .fork_renewal import STATE
 from .layer_budget import LayerBudget
 from .operation_stats import OperationStats
-from .sampler import Sampler
 from .self_counters import SelfCounters
-from .series import Labels, LayerView, SelfView, Series, build_series
+from .series import FRAMEWORKS, Labels, LayerView, SelfView, Series, build_series
+from .started import CurrentStart
 
 Row = tuple[Labels, float]
 
@@ -59,24 +60,33 @@ def layer_view(h: ModelHandle) -> LayerView:
                      capacity=h.capacity.figures(h.last_device) if h.capacity is not None else None)
 
 
+class SourceStates(Protocol):
+    """What the scrape asks of the sources registry (``sources/registry.py``; the module itself is
+    one): the sources down here, with why, and torch's CUDA device UUIDs (read once CUDA is up)."""
+
+    def down_reasons(self) -> Mapping[str, str]: ...
+    def cuda_uuids(self) -> Mapping[int, str]: ...
+
+
+def framework_versions() -> dict[str, str]:
+    """Framework -> version, for each of FRAMEWORKS this process has imported (never imports one)."""
+    return {name: str(getattr(sys.modules[name], "__version__", "")) for name in FRAMEWORKS if name in sys.modules}
+
+
 class ScrapeView:
-    """``config``: the config in force; ``sampler``: the running sampler, if any; ``frameworks``:
-    framework -> version, of those in use (the build info's); ``down_reasons`` and ``cuda_uuids``:
-    the sources registry's (the sources down here, with why; torch's CUDA device UUIDs, read once
-    CUDA is up)."""
+    """``started``: the root's record of the last start (its config in force and running sampler);
+    ``sources``: the sources registry's states; ``frameworks``: framework -> version, of those in
+    use (the build info's)."""
     # ``op_stats`` and ``count_export_error`` are the collector's too (``export.prometheus.ScrapeSource``)
 
-    def __init__(self, config: Callable[[], Config | None], sampler: Callable[[], Sampler | None],
-                 counters: SelfCounters, op_stats: OperationStats, budget: LayerBudget,
-                 frameworks: Callable[[], Mapping[str, str]], down_reasons: Callable[[], Mapping[str, str]],
-                 cuda_uuids: Callable[[], Mapping[int, str]],
+    def __init__(self, started: CurrentStart, counters: SelfCounters, op_stats: OperationStats,
+                 budget: LayerBudget, sources: SourceStates,
+                 frameworks: Callable[[], Mapping[str, str]] = framework_versions,
                  handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
-        self._config = config
-        self._sampler = sampler
+        self._started = started
         self._counters = counters
         self._frameworks = frameworks
-        self._down_reasons = down_reasons
-        self._cuda_uuids = cuda_uuids
+        self._sources = sources
         self._handles = handles
         self.op_stats = op_stats
         self.budget = budget
@@ -115,14 +125,14 @@ class ScrapeView:
     @property
     def config(self) -> Config | None:
         """The config in force (None before the first start): the collector reads its series section."""
-        return self._config()
+        return self._started().config
 
     def exports_every_layer(self) -> bool:
         return self.budget.exports_every_layer()
 
     def sources_up(self) -> dict[str, bool]:
-        up = {name: False for name in self._down_reasons()}
-        s = self._sampler()
+        up = {name: False for name in self._sources.down_reasons()}
+        s = self._started().sampler
         if s is not None:
             up.update(s.up)
         if up.get("nvml") and "nvml_process" not in up:  # NVML answers and can see this process
@@ -130,7 +140,7 @@ class ScrapeView:
         return up
 
     def self_view(self) -> SelfView:
-        s = self._sampler()
+        s = self._started().sampler
         c = self._counters
         return SelfView(
             sources_up=self.sources_up(),
@@ -152,12 +162,12 @@ class ScrapeView:
         cached = self._cache
         if cached is not None and now - cached[0] < max_age_s and per_layer:
             return cached[1]
-        s = self._sampler()
+        s = self._started().sampler
         latest = s.latest() if s is not None else None
         me = self.self_view()
         if latest is not None and any(d.startswith("cuda:") for d in latest.allocators):
             # UUIDs are read once torch has initialised CUDA (never earlier), then cached
-            me.cuda_uuids = self._cuda_uuids()
+            me.cuda_uuids = self._sources.cuda_uuids()
         views = self.layer_views() if views is None else views
         out = build_series(latest, views, me, per_layer)
         scrape = ScrapeContext(views, latest)
@@ -176,4 +186,5 @@ class ScrapeView:
         return out
 
 
-__all__ = ["Row", "ScrapeContext", "ScrapeView", "SeriesContributor", "ignoring_context", "layer_view"]
+__all__ = ["Row", "ScrapeContext", "ScrapeView", "SeriesContributor", "SourceStates", "framework_versions",
+           "ignoring_context", "layer_view"]

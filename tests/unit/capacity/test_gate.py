@@ -305,6 +305,7 @@ def test_a_bad_shape_on_the_command_line_is_one_line_and_exit_2(args: list[str],
 
 def test_advice_notes_a_model_whose_calls_give_different_features() -> None:
     from memprof_otel.advice.adapter import Advisor
+    from memprof_otel.telemetry.started import NOT_STARTED
 
     cap = capacity(shape_of=lambda a, k: {})
     cap.observe({"batch": 2, "pixels": 64}, 1000, 0)
@@ -314,7 +315,7 @@ def test_advice_notes_a_model_whose_calls_give_different_features() -> None:
         capacity = cap
         last_device = "cpu"
 
-    advisor = Advisor(lambda: None, lambda: None, lambda: [], {}, handles=lambda: {"vision": Handle()})
+    advisor = Advisor(lambda: NOT_STARTED, lambda: [], {}, handles=lambda: {"vision": Handle()})
     notes = [n for n in advisor.report().notes if n.startswith("model 'vision'")]
     assert len(notes) == 1 and "[batch, pixels] (1 forward)" in notes[0] and "[batch] (1 forward)" in notes[0]
     assert notes[0] in advisor.report("vision").notes
