@@ -21,7 +21,7 @@ from .reports.text import format_report
 from .runtime import runtime
 from .telemetry.operations import reset_current, set_current
 from .timeline import OperationRecord, Timeline
-from .watchdog.adapter import AlertCallback
+from .watchdog.service import AlertCallback
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ._log import rate_limited
-from .advice.adapter import Advisor
+from .advice.service import Advisor
 from .attribution.handle import ModelHandle
 from .attribution.registry import live_handles
 from .blackbox.service import BlackBox, span_attributes
@@ -48,7 +48,7 @@ from .sources import mmap_threshold, registry
 from .telemetry.breakdown_service import MemoryBreakdownWatch
 from .telemetry.breakdown_sources import RegistrySources
 from .telemetry.fork_renewal import SERVICES, STATE
-from .telemetry.layer_budget import LayerBudget
+from .telemetry.series_budget import SeriesBudget
 from .telemetry.leaks import LeakWatch
 from .telemetry.operation_stats import OperationStats
 from .telemetry.oom_figures import OomExplainer, flight_prediction, host_leak
@@ -59,7 +59,7 @@ from .telemetry.scrape import Row, ScrapeView, ignoring_context, layer_view
 from .telemetry.self_counters import SelfCounters
 from .telemetry.started import NOT_STARTED, StartedView
 from .timeline import OperationRecord, Sample
-from .watchdog.adapter import AlertCallback, Watchdog
+from .watchdog.service import AlertCallback, Watchdog
 
 log = logging.getLogger("memprof_otel")
 
@@ -137,7 +137,7 @@ class Runtime:
         self.op_stats: OperationStats = OperationStats()
         self.tracker.add_end_listener(self._operation_ended)
         # the advice is built after the budget (it reads the scrape, which applies the budget)
-        self.budget = LayerBudget(self._series_config, live_handles, self._leak_suspects,
+        self.budget = SeriesBudget(self._series_config, live_handles, self._leak_suspects,
                                   lambda: self.advisor.advised_layers())
         self.scrape = ScrapeView(self._current, self.counters, self.op_stats, self.budget, registry)
         self.advisor = Advisor(self._current, self.scrape.layer_views, self.counters.extra_ooms,

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # series.layers defaults to "auto": every layer, unless the process runs in a Kubernetes pod. The
 # suite expects a laptop's behaviour wherever CI runs (its children inherit this); the pod case is
-# tested with an explicit environment (tests/unit/telemetry/test_layer_budget.py)
+# tested with an explicit environment (tests/unit/telemetry/test_series_budget.py)
 os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 
 # capacity.mmap_threshold defaults to "off" (glibc's own policy); a shell that set it otherwise (the

@@ -3,11 +3,11 @@
 Each rule reads plain numbers (``Evidence``: allocator figures per device, per-layer peaks, leak
 suspects, capacity facts, OOM counts, the last OOM's cause) and answers ``Advice`` items that name the
 figures that triggered them, what to do, and where the docs explain it. Nothing here reads a device,
-imports torch, or changes the process: gathering the evidence is the adapter's, acting on the advice
+imports torch, or changes the process: gathering the evidence is the service's, acting on the advice
 is the user's.
 
-``adapter.py`` ``Advisor``: gathers the evidence, answers ``GET /v1/advice``, contributes its series
-``evidence.py`` what the rules read: plain numbers, gathered by the adapter (pure)
+``service.py`` ``Advisor``: gathers the evidence, answers ``GET /v1/advice``, contributes its series
+``evidence.py`` what the rules read: plain numbers, gathered by the service (pure)
 ``items.py`` one advice item and the figures it cites (pure)
 ``report.py`` the ``GET /v1/advice`` document, with notes on what could not be checked (pure)
 ``rules.py`` the rules, each reading the evidence and citing the figures it acted on (pure)

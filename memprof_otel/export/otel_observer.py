@@ -16,7 +16,7 @@ from opentelemetry import trace as otel_trace
 
 from .._log import rate_limited
 from ..dumps.speedscope import balanced_calls
-from ..telemetry.layer_budget import Keep, restrict_view
+from ..telemetry.series_budget import Keep, restrict_view
 from ..telemetry.series import LayerView, SelfView, build_series
 from .otel import OtelExporter
 
@@ -24,7 +24,7 @@ from .otel import OtelExporter
 class OtelForwardObserver:
     """``layer_view(h)``: the handle's figures as the series read them (the composition root's);
     ``exported_layers(model)``: ``{model: paths}`` of the layers its series budget exports, or None
-    for every layer (``telemetry/layer_budget.py``)."""
+    for every layer (``telemetry/series_budget.py``)."""
 
     def __init__(self, exporter: Callable[[], OtelExporter | None],
                  count_export_error: Callable[[str], None],

@@ -1,6 +1,6 @@
 """The HTTP endpoint's routes as one transport-free function: ``Endpoint.handle(Request) -> Response``.
 
-The server (``http.server.serve``) and the WSGI/ASGI adapters only translate to and from these two
+The server (``http.server.serve``) and the WSGI/ASGI apps only translate to and from these two
 types. Every error is JSON ``{"error", "detail"}`` with a 4xx code for bad input; an unexpected
 failure is a 500 with the exception's type, never a traceback.
 
@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 
 from .._log import rate_limited
 from ..advice import SEVERITIES
-from ..advice.adapter import Advisor
+from ..advice.service import Advisor
 from .._version import __version__
 from ..config import Config, ConfigError, HttpConfig, LeaksConfig
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, ShapeError, UnknownModel)
@@ -50,7 +50,7 @@ from ..telemetry.operations import OperationTracker
 from ..telemetry.sampler import Sampler
 from ..telemetry.scrape import ScrapeView
 from ..telemetry.self_counters import SelfCounters
-from ..watchdog.adapter import Watchdog
+from ..watchdog.service import Watchdog
 from ..watchdog.rules import MAX_RULES, parse_rule
 from .guards import (BASELINE_FORWARDS, BASELINE_TIMEOUT, DUMP_FORMATS, DUMP_WAIT_MAX, HEAP_FRAMES, HEAP_SECONDS, HEAP_TOP, JSON, LEAKS_DEFAULT_TOP, LEAKS_MAX_TOP,
                      MAX_NAME_CHARS, TIMELINE_DEFAULT_LIMIT, TIMELINE_MAX_BYTES, TIMELINE_MAX_LIMIT, accepts_gzip,

@@ -1,7 +1,7 @@
-"""Transports for the endpoint: a small threaded server (``serve``) and WSGI / ASGI adapters.
+"""Transports for the endpoint: a small threaded server (``serve``) and WSGI / ASGI apps.
 
 Bodies larger than the cap are refused from ``Content-Length`` before a byte is read. WSGI has no
-body without a length (wsgiref does not do chunked requests), so none is read then; the ASGI adapter
+body without a length (wsgiref does not do chunked requests), so none is read then; the ASGI app
 reads a length-less body up to the cap plus one byte. The server binds 127.0.0.1 by default.
 
 Whatever arrives, the answer is the JSON error shape: requests the standard library refuses before

@@ -7,7 +7,7 @@ composition root.
 ``fork_renewal.py`` what a forked child renews, in two ordered stages
 ``gpu_identity.py`` torch's ``cuda:N`` matched to NVML's GPUs by UUID (pure)
 ``growth.py`` the leak detector: is a figure really growing? Theil-Sen trends (pure)
-``layer_budget.py`` the series budget: which layers a process exports per-layer series for
+``series_budget.py`` the series budget: which layers a process exports per-layer series for
 ``leaks.py`` the leak watch: feeds the detector on every tick, turns its trends into series
 ``memory_breakdown.py`` where the memory goes, per device: components that add up to the total (pure)
 ``oom_figures.py`` the figures an OOM's cause is decided from, gathered where an OOM is seen

@@ -6,7 +6,7 @@ the self-counters (``series.build_series``), then asks each registered contribut
 merges them, as prometheus_client's ``CollectorRegistry`` asks each collector: the watchdog's, the
 leak watch's, the operations' and the advice's families are each one registration in the
 composition root, and a new family is one more (``contribute``), not an edit here. Last, the series
-budget (``layer_budget.LayerBudget``) leaves out the rows of the layers this process does not export
+budget (``series_budget.SeriesBudget``) leaves out the rows of the layers this process does not export
 and adds its own gauges. Nothing here reads a device.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..attribution.registry import live_handles
 from ..config import Config, service_version_in_effect
 from ..timeline import Sample
 from .fork_renewal import STATE
-from .layer_budget import LayerBudget
+from .series_budget import SeriesBudget
 from .operation_stats import OperationStats
 from .self_counters import SelfCounters
 from .series import FRAMEWORKS, Labels, LayerView, SelfView, Series, build_series
@@ -80,7 +80,7 @@ class ScrapeView:
     # ``op_stats`` and ``count_export_error`` are the collector's too (``export.prometheus.ScrapeSource``)
 
     def __init__(self, started: CurrentStart, counters: SelfCounters, op_stats: OperationStats,
-                 budget: LayerBudget, sources: SourceStates,
+                 budget: SeriesBudget, sources: SourceStates,
                  frameworks: Callable[[], Mapping[str, str]] = framework_versions,
                  handles: Callable[[], Mapping[str, ModelHandle]] = live_handles) -> None:
         self._started = started

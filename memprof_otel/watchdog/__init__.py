@@ -1,7 +1,7 @@
 """The watchdog: threshold rules over the scraped series, the pure alert engine that evaluates them,
-and the adapter that runs it on every sampler tick.
+and the service that runs it on every sampler tick.
 
-``adapter.py`` the engine run on every sampler tick, and its actions (log, span event, callback, dump)
+``service.py`` the engine run on every sampler tick, and its actions (log, span event, callback, dump)
 ``engine.py`` Prometheus-style alert states for the rules: a pure state machine over scraped values
 ``rules.py`` what a rule is and how a rule mapping is validated (pure: the config reads it)
 

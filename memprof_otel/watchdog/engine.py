@@ -2,7 +2,7 @@
 
 ``AlertEngine.evaluate(values, now)`` takes what a scrape shows (metric name -> ``(labels, value)``
 pairs) and the time, and returns the state changes. No threads, no I/O, no clock: the watchdog
-adapter reads the metrics, passes ``now`` and acts on the transitions (log, span event, dump).
+service reads the metrics, passes ``now`` and acts on the transitions (log, span event, dump).
 
 Each label set of a rule's metric that carries all the rule's label matchers is its own alert
 instance, as in Prometheus::

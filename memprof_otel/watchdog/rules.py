@@ -1,7 +1,7 @@
 """Watchdog rules: what one is (``WatchdogRule``) and how a rule mapping is validated, from the config
 (``watchdog.rules``) or from ``PUT /v1/watchdog/rules``. Pure: no state, no I/O; a rule that cannot
 hold is a ``ConfigError`` naming its dotted position. The engine that evaluates rules is
-``engine.py``; the adapter that runs it on every sampler tick is ``adapter.py``.
+``engine.py``; the service that runs it on every sampler tick is ``service.py``.
 """
 from __future__ import annotations
 

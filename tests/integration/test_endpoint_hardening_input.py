@@ -215,7 +215,7 @@ def test_an_id_with_a_date_that_does_not_exist_is_400(client, dump_id):
 
 
 def test_the_asgi_app_runs_nothing_on_a_short_or_abandoned_body(tmp_path):
-    """The ASGI adapter: a body that ends before its Content-Length is a 400, a client that goes away
+    """The ASGI app: a body that ends before its Content-Length is a 400, a client that goes away
     mid-body gets no answer; neither changes a rule."""
     import asyncio
 

@@ -304,7 +304,7 @@ def test_a_bad_shape_on_the_command_line_is_one_line_and_exit_2(args: list[str],
 
 
 def test_advice_notes_a_model_whose_calls_give_different_features() -> None:
-    from memprof_otel.advice.adapter import Advisor
+    from memprof_otel.advice.service import Advisor
     from memprof_otel.telemetry.started import NOT_STARTED
 
     cap = capacity(shape_of=lambda a, k: {})

@@ -11,7 +11,7 @@ import memprof_otel as mp
 from memprof_otel.config import LeaksConfig, WatchdogConfig
 from memprof_otel.telemetry.leaks import ALLOCATOR, LAYER, PROCESS, LeakWatch, WatchKey, readings_of
 from memprof_otel.timeline import Sample
-from memprof_otel.watchdog.adapter import Watchdog
+from memprof_otel.watchdog.service import Watchdog
 
 MiB = 1 << 20
 CFG = LeaksConfig(floor_interval=1.0, trend_window=20.0, warmup=2.0, min_growth_bytes=4 * MiB)

@@ -11,8 +11,8 @@ from typing import Any
 from memprof_otel.config import WatchdogConfig
 from memprof_otel.watchdog.rules import parse_rule
 from memprof_otel.timeline import Sample
-from memprof_otel.watchdog import adapter
-from memprof_otel.watchdog.adapter import Watchdog
+from memprof_otel.watchdog import service
+from memprof_otel.watchdog.service import Watchdog
 
 FRAG = "memprof_allocator_fragmentation_ratio"  # a gauge with a device label: one alert per device
 
@@ -67,7 +67,7 @@ def test_a_blocking_callback_does_not_hold_the_sampler_and_the_alerts_wait_their
 
 
 def test_alerts_past_the_queue_are_dropped_and_counted(monkeypatch) -> None:
-    monkeypatch.setattr(adapter, "CALLBACK_QUEUE", 2)
+    monkeypatch.setattr(service, "CALLBACK_QUEUE", 2)
     release = threading.Event()
     errors: Counter[str] = Counter()
     wd, series = _watchdog([lambda a: release.wait(30)], errors, names=tuple("abcde"))

@@ -15,7 +15,7 @@ from memprof_otel.config import WatchdogConfig
 from memprof_otel.watchdog.rules import parse_rule
 from memprof_otel.timeline import Sample
 from memprof_otel.units import format_metric_value
-from memprof_otel.watchdog.adapter import Watchdog
+from memprof_otel.watchdog.service import Watchdog
 
 RSS = "memprof_process_resident_memory_bytes"
 

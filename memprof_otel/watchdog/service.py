@@ -1,4 +1,4 @@
-"""The watchdog adapter: evaluates the pure ``AlertEngine`` on every sampler tick and runs actions.
+"""The watchdog service: evaluates the pure ``AlertEngine`` on every sampler tick and runs actions.
 
 Actions on an alert starting to fire: ``log`` (a warning), ``span_event`` (an OTel event),
 ``callback`` (functions registered with ``add_alert_callback``), ``dump`` (a deep capture of the

@@ -1,5 +1,5 @@
-"""The advice rules over what was already measured: the adapter around the pure rules, as
-``watchdog/adapter.py`` wraps ``watchdog/engine.py``.
+"""The advice rules over what was already measured: the service around the pure rules, as
+``watchdog/service.py`` wraps ``watchdog/engine.py``.
 
 ``Advisor.evidence()`` gathers the ``Evidence`` the rules read (the latest sample's allocator
 figures, every live model's windowed layer peaks, the leak watch's suspects, capacity facts and

@@ -14,7 +14,7 @@ the demo and compose keep every layer.
 ``full_detail_fraction`` of the hosts, chosen by a hash of the host name (stable per pod), export
 every layer anyway, so the fleet still sees each layer somewhere.
 
-The functions are pure; ``LayerBudget`` applies them to the live models, handed to it as functions
+The functions are pure; ``SeriesBudget`` applies them to the live models, handed to it as functions
 (the live handles, the leak suspects, the advised layers, the series config in force), for the
 scrape and the OTel recorder.
 """
@@ -138,7 +138,7 @@ def restrict_series(series: Series, keep: Keep) -> Series:
 _KEEP_MAX_AGE_S = 1.0
 
 
-class LayerBudget:
+class SeriesBudget:
     """The series budget of this process: which layers each live model exports, the budget's own
     gauges, and what ``/v1/status`` says of it. ``config``: the series config in force;
     ``handles``: the live models by name; ``suspects``: model -> the layers the leak watch flags;
@@ -239,5 +239,5 @@ class LayerBudget:
         return out
 
 
-__all__ = ["ALL", "AUTO", "KUBERNETES_ENV", "TOP", "Keep", "LayerBudget", "containers", "exports_every_layer",
+__all__ = ["ALL", "AUTO", "KUBERNETES_ENV", "TOP", "Keep", "SeriesBudget", "containers", "exports_every_layer",
            "host_share", "parents", "restrict_series", "restrict_view", "top_layers"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memprof_otel.attribution.stats import LayerMemoryStats
 from memprof_otel.attribution.windows import WindowFigures
 from memprof_otel.config import SeriesConfig
-from memprof_otel.telemetry.layer_budget import (LayerBudget, containers, exports_every_layer, host_share,
+from memprof_otel.telemetry.series_budget import (SeriesBudget, containers, exports_every_layer, host_share,
                                                   parents, restrict_series, restrict_view, top_layers)
 from memprof_otel.telemetry.series import LayerView
 
@@ -145,11 +145,11 @@ class _Handle:
 def test_the_budget_exports_suspects_and_advised_layers_beside_the_working_layers() -> None:
     h = _Handle(GPT2_PEAK, GPT2_RETAINED)
     config = SeriesConfig(layers="top", top_layers=1, full_detail_fraction=0.0)
-    budget = LayerBudget(lambda: config, lambda: {"gpt2": h}, lambda: {"gpt2": frozenset({"transformer.wte"})},
+    budget = SeriesBudget(lambda: config, lambda: {"gpt2": h}, lambda: {"gpt2": frozenset({"transformer.wte"})},
                          lambda: {"gpt2": frozenset({"transformer.h.0.mlp"})})
     assert budget.exported_layers() == {"gpt2": {"", "lm_head", "transformer.wte", "transformer.h.0.mlp"}}
     # without an advised layer (the default), the working layer and the suspect only
-    plain = LayerBudget(lambda: config, lambda: {"gpt2": h}, lambda: {})
+    plain = SeriesBudget(lambda: config, lambda: {"gpt2": h}, lambda: {})
     assert plain.exported_layers() == {"gpt2": {"", "lm_head"}}
 
 
@@ -159,5 +159,5 @@ def test_advised_layers_that_cannot_be_read_cost_their_pinning_only() -> None:
 
     h = _Handle(GPT2_PEAK, GPT2_RETAINED)
     config = SeriesConfig(layers="top", top_layers=1, full_detail_fraction=0.0)
-    budget = LayerBudget(lambda: config, lambda: {"gpt2": h}, lambda: {}, broken)
+    budget = SeriesBudget(lambda: config, lambda: {"gpt2": h}, lambda: {}, broken)
     assert budget.exported_layers() == {"gpt2": {"", "lm_head"}}
