@@ -240,7 +240,7 @@ class Fleet:
 
 
 # --------------------------------------------------------------------------------------------
-# Prometheus (the start/stop/ready pattern of tests/integration/prom_server.py, without pytest)
+# Prometheus (the start/stop/ready pattern of tests/integration/support/prom_server.py, without pytest)
 
 
 def prometheus_binary() -> str:

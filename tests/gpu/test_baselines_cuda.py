@@ -12,7 +12,7 @@ import pytest
 
 from memprof_otel.baselines import diff, loads
 from memprof_otel.baselines.render import text
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,7 +22,7 @@ CHILD = textwrap.dedent('''
     import sys
     import torch
     import memprof_otel as mp
-    from tests.integration.baseline_models import Net, inputs
+    from tests.integration.support.baseline_models import Net, inputs
 
     torch.manual_seed(0)
     model = Net().cuda()

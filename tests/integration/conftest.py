@@ -13,7 +13,7 @@ import memprof_otel as mp
 from memprof_otel import runtime as runtime_module
 from memprof_otel.attribution.registry import live_handles
 
-from .helpers import JSON_HEADERS
+from .support.helpers import JSON_HEADERS
 
 
 def _fresh_runtime() -> None:

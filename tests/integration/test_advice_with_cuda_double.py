@@ -16,7 +16,7 @@ from memprof_otel.runtime import runtime
 from memprof_otel.sources import cuda_stats, registry
 from memprof_otel.sources.cuda import CudaAllocatorSource
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
-from tests.integration.helpers import wait_until
+from tests.integration.support.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

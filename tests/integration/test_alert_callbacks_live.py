@@ -10,7 +10,7 @@ import httpx
 
 import memprof_otel as mp
 
-from .helpers import scrape_values, wait_until
+from .support.helpers import scrape_values, wait_until
 
 RSS = "memprof_process_resident_memory_bytes"
 

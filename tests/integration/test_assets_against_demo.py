@@ -38,8 +38,8 @@ from tests.assets.asset_queries import (
     substitute_variables,
     variable_queries,
 )
-from tests.integration.demo_process import running_demo
-from tests.integration.prom_server import running_prometheus
+from tests.integration.support.demo_process import running_demo
+from tests.integration.support.prom_server import running_prometheus
 
 # metrics that need hardware or a limit this machine does not have
 NEEDS_GPU = {"memprof_gpu_memory_used_bytes", "memprof_gpu_memory_total_bytes",
@@ -53,7 +53,7 @@ NEEDS_MEMORY_CGROUP = {"memprof_container_memory_usage_bytes", "memprof_containe
                        "memprof_container_oom_kills_total"}
 # only where the cgroup sets a CPU quota (its panel draws the process's CPU time as well)
 NEEDS_CPU_QUOTA = {"memprof_container_cpu_limit_cores"}
-JOB = "memprof"                       # the job name tests/integration/prom_server.py scrapes under
+JOB = "memprof"                       # the job name tests/integration/support/prom_server.py scrapes under
 ABSENT_LABELS = {"cluster", "namespace", "pod",   # a plain, non-Kubernetes Prometheus has none
                  "rank"}                          # the demo is no rank of a distributed job
 _LABEL_VALUES = re.compile(r"^label_values\((.*), (\w+)\)$", re.DOTALL)

@@ -12,7 +12,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.attribution.torch import hooks
 
-from .models import F32, KwargsDict, Tree, WithRaiser
+from .support.models import F32, KwargsDict, Tree, WithRaiser
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 X_BYTES = 4 * 8 * F32

@@ -15,8 +15,8 @@ import torch
 import memprof_otel as mp
 from memprof_otel.baselines import Thresholds, diff, loads
 from memprof_otel.baselines.render import text
-from tests.integration.baseline_models import BATCH, F32, HIDDEN, Net, measure
-from tests.integration.demo_process import REPO
+from tests.integration.support.baseline_models import BATCH, F32, HIDDEN, Net, measure
+from tests.integration.support.demo_process import REPO
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,7 +25,7 @@ RUNS = 20
 
 def _child(*argv: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMPROF_OTEL_")}
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.baseline_models", *argv], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.support.baseline_models", *argv], capture_output=True,
                           text=True, timeout=240, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

@@ -13,7 +13,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .helpers import wait_until
+from .support.helpers import wait_until
 
 FAST = {"sampler": {"interval": "50ms"}}
 

@@ -24,7 +24,7 @@ import pytest
 
 from tests import cgroup_truth
 
-from tests.integration import blackbox_child as child
+from tests.integration.support import blackbox_child as child
 
 WINDOW_S = 3.0
 LIMIT = 700 << 20
@@ -41,7 +41,7 @@ def _env(folder: Path) -> dict[str, str]:
 
 
 def _victim(folder: Path, mode: str, cgroup: Path | None = None) -> subprocess.Popen:
-    args = [sys.executable, "-m", "tests.integration.blackbox_child", "victim", mode]
+    args = [sys.executable, "-m", "tests.integration.support.blackbox_child", "victim", mode]
     if cgroup is not None:
         args.append(str(cgroup))
     return subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=_env(folder))
@@ -150,7 +150,7 @@ def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_pat
     left = sorted(x.name for x in folder.iterdir() if x.name.endswith(".mpbb"))
     assert left == sorted([n for n in left if n.startswith((f"{killed_pid}-", f"{oom_pid}-"))]) and len(left) == 2
 
-    r = subprocess.Popen([sys.executable, "-m", "tests.integration.blackbox_child", "reader"],
+    r = subprocess.Popen([sys.executable, "-m", "tests.integration.support.blackbox_child", "reader"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(folder))
     try:
         url = r.stdout.readline().strip()

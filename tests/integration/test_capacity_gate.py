@@ -15,7 +15,7 @@ from torch import nn
 
 import memprof_otel as mp
 
-from .reference_ledger import reference_root_peak
+from .support.reference_ledger import reference_root_peak
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.timeout(600)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 
 # the test command may still be building the TensorFlow venv: the tests wait (tests/framework_venvs.py)
 pytestmark = pytest.mark.framework_venv("tf")

@@ -21,7 +21,7 @@ import memprof_otel as mp
 from memprof_otel.attribution import kernel_reading
 from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 
-from .reference_ledger import reference_root_peak
+from .support.reference_ledger import reference_root_peak
 
 transformers = pytest.importorskip("transformers")
 

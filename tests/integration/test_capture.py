@@ -11,7 +11,7 @@ import torch
 import memprof_otel as mp
 from tests.schemas import speedscope_validator
 
-from .models import F32, Tree, WithRaiser
+from .support.models import F32, Tree, WithRaiser
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .helpers import wait_until
+from .support.helpers import wait_until
 
 
 def test_saving_before_any_forward_raises_instead_of_writing_an_empty_profile(tmp_path):

@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from memprof_otel.cli import COMMANDS
-from tests.integration.demo_process import REPO, free_ports
+from tests.integration.support.demo_process import REPO, free_ports
 from tests.schemas import validate_speedscope
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "memprof-otel"

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import memprof_otel as mp
-from tests.integration.demo_process import REPO
-from tests.integration.models import AttentionNet
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.models import AttentionNet
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,8 +16,8 @@ import torch
 
 import memprof_otel as mp
 from memprof_otel.baselines import from_layers_document, load
-from tests.integration.baseline_models import HIDDEN, Net, inputs, measure
-from tests.integration.demo_process import REPO
+from tests.integration.support.baseline_models import HIDDEN, Net, inputs, measure
+from tests.integration.support.demo_process import REPO
 
 pytestmark = pytest.mark.timeout(180)
 

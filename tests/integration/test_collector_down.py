@@ -21,7 +21,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .otlp_receiver import OtlpGrpcReceiver, OtlpReceiver
+from .support.otlp_receiver import OtlpGrpcReceiver, OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[2]
 WARMUP, ITERS = 30, 300

@@ -29,8 +29,8 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.attribution.stats import LayerMemoryStats
 
-from .helpers import collector_paused
-from .models import TINY_VOCAB, tiny_bert, tiny_gpt2
+from .support.helpers import collector_paused
+from .support.models import TINY_VOCAB, tiny_bert, tiny_gpt2
 
 EVERY_FORWARD = {"every_n_forwards": 1, "overhead_budget": 1.0}
 FORWARDS = 3          # per thread

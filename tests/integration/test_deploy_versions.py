@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.assets.asset_queries import VARIABLE_VALUES, substitute_variables
-from tests.integration.baseline_models import BATCH, F32, HIDDEN
-from tests.integration.demo_process import REPO
-from tests.integration.prom_server import running_prometheus
+from tests.integration.support.baseline_models import BATCH, F32, HIDDEN
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.prom_server import running_prometheus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -31,7 +31,7 @@ SERVER = textwrap.dedent('''
     import sys, threading
     import torch
     import memprof_otel as mp
-    from tests.integration.baseline_models import HIDDEN, Net, inputs
+    from tests.integration.support.baseline_models import HIDDEN, Net, inputs
 
     torch.manual_seed(0)
     model = Net(hidden=(HIDDEN, int(sys.argv[1]), HIDDEN))

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.demo_process import REPO
-from tests.integration.helpers import JSON_HEADERS
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.helpers import JSON_HEADERS
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX")]
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch import nn
 
 import memprof_otel as mp
-from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
+from tests.integration.support.helpers import JSON_HEADERS, Traffic, wait_until
 from memprof_otel.attribution.torch import hooks
 from memprof_otel.runtime import runtime
 from tests.schemas import speedscope_validator

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from mixin import config as mixin_config
 from mixin import outputs as mixin_outputs
-from tests.integration import leak_child
-from tests.integration.prom_server import running_prometheus
+from tests.integration.support import leak_child
+from tests.integration.support.prom_server import running_prometheus
 from tests.integration.test_oom_cgroup import MemoryCgroup
 
 ALERT = "MemprofContainerMemoryFullSoon"
@@ -66,7 +66,7 @@ def test_the_early_warning_fires_before_the_kernel_kills_a_leaking_process(tmp_p
     try:
         # its log (sampler reads that time out as the kernel reclaims near the limit) goes to a file
         with open(tmp_path / "child.log", "w") as log:
-            child = subprocess.Popen([sys.executable, "-m", "tests.integration.leak_child"], stdin=subprocess.PIPE,
+            child = subprocess.Popen([sys.executable, "-m", "tests.integration.support.leak_child"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=log, text=True, env=_env(tmp_path),
                                      preexec_fn=cg.enter, cwd=str(Path(__file__).parents[2]))
         url = child.stdout.readline().strip()

@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 
 import memprof_otel as mp
-from tests.integration.helpers import JSON_HEADERS
+from tests.integration.support.helpers import JSON_HEADERS
 
-from .models import Tree
+from .support.models import Tree
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -21,9 +21,9 @@ import memprof_otel as mp
 from memprof_otel._log import RateLimitedLog
 from memprof_otel.http import connection_errors, server as http_server
 from memprof_otel.http.app import timeline_page
-from tests.integration.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
+from tests.integration.support.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
 
-from .models import Tree
+from .support.models import Tree
 
 pytestmark = pytest.mark.timeout(120)
 

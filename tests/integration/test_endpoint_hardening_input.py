@@ -17,7 +17,7 @@ import pytest
 import memprof_otel as mp
 from memprof_otel.http.routes import ROUTES
 
-from .models import Tree
+from .support.models import Tree
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -27,8 +27,8 @@ from torch import nn
 
 import memprof_otel as mp
 
-from .models import TINY_VOCAB, tiny_gpt2
-from .reference_ledger import ReferenceLedger
+from .support.models import TINY_VOCAB, tiny_gpt2
+from .support.reference_ledger import ReferenceLedger
 
 KiB = 1024
 MiB = 1024 * 1024

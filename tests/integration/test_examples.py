@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.demo_process import REPO, parse, running_demo, value
-from tests.integration.otlp_receiver import OtlpReceiver, metrics_of
+from tests.integration.support.demo_process import REPO, parse, running_demo, value
+from tests.integration.support.otlp_receiver import OtlpReceiver, metrics_of
 from tests.schemas import validate_speedscope
 
 # families the demo must export on a CPU host within seconds (GPU and cgroup-limit ones need those;

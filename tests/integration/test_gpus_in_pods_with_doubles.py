@@ -27,8 +27,8 @@ from memprof_otel.sources.cuda import CudaAllocatorSource
 from memprof_otel.sources.nvml import NvmlSource
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
 from tests.doubles.nvml_double import GIB, ScriptedGpu, ScriptedMig, ScriptedNvmlDouble
-from tests.integration.helpers import wait_until
-from tests.integration.prom_server import running_prometheus
+from tests.integration.support.helpers import wait_until
+from tests.integration.support.prom_server import running_prometheus
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
-from tests.integration.demo_process import REPO, free_ports
-from tests.integration.helpers import JSON_HEADERS, error_detail, wait_until
+from tests.integration.support.demo_process import REPO, free_ports
+from tests.integration.support.helpers import JSON_HEADERS, error_detail, wait_until
 from tests.schemas import validate_speedscope
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,8 +14,8 @@ import memprof_otel as mp
 from memprof_otel.advice import RULE_IDS, SEVERITIES
 from memprof_otel.runtime import runtime
 
-from .models import ATTENTION_TRANSIENT_FLOATS, AttentionNet
-from .helpers import error_detail, scrape_values
+from .support.models import ATTENTION_TRANSIENT_FLOATS, AttentionNet
+from .support.helpers import error_detail, scrape_values
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,9 +19,9 @@ import torch
 
 import memprof_otel as mp
 from tests import reference_doc, schemas
-from tests.integration.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
+from tests.integration.support.helpers import JSON_HEADERS, Traffic, scrape_values, wait_until
 
-from .models import F32, Tree
+from .support.models import F32, Tree
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 RSS = "memprof_process_resident_memory_bytes"

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import memprof_otel as mp
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 
-from .helpers import error_detail, scrape_values
+from .support.helpers import error_detail, scrape_values
 
 pytestmark = pytest.mark.timeout(180)
 transformers = pytest.importorskip("transformers")

@@ -21,7 +21,7 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.attribution.torch import hooks
 
-from .models import F32, Transient, Tree
+from .support.models import F32, Transient, Tree
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 REPO = Path(__file__).resolve().parents[2]
@@ -153,7 +153,7 @@ def test_every_ctrl_c_during_attributed_forwards_reaches_the_caller(tmp_path):
     rng = random.Random(20_251_125)
     lines: queue.Queue[str] = queue.Queue()
     with open(stderr_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.integration.ctrl_c_child", str(CTRL_C_SIGNALS)],
+        proc = subprocess.Popen([sys.executable, "-m", "tests.integration.support.ctrl_c_child", str(CTRL_C_SIGNALS)],
                                 cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=err, text=True)
     reader = threading.Thread(target=lambda: [lines.put(line.strip()) for line in proc.stdout], daemon=True)

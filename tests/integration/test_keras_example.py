@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.demo_process import REPO
-from tests.integration.prom_server import free_port, running_prometheus
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.prom_server import free_port, running_prometheus
 from tests.schemas import validate_speedscope
 
 TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")

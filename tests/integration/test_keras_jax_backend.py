@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 from tests.schemas import validate_speedscope
-from tests.integration import keras_checks as kc
+from tests.integration.support import keras_checks as kc
 
 JAX_PYTHON = os.environ.get("MEMPROF_TEST_JAX_PYTHON")
 if not JAX_PYTHON:
@@ -39,7 +39,7 @@ MIB = 1 << 20
 def results() -> dict[str, Any]:
     """Every section of one child run (live-array sizes carry nothing from one case to the next)."""
     env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([str(JAX_PYTHON), str(Path(REPO) / "tests" / "integration" / "keras_jax_child.py")],
+    proc = subprocess.run([str(JAX_PYTHON), str(Path(REPO) / "tests" / "integration" / "support" / "keras_jax_child.py")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out: dict[str, Any] = {}

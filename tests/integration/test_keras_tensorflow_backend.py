@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.bfc_rule import assert_held, held_bounds
-from tests.integration.demo_process import REPO
+from tests.integration.support.bfc_rule import assert_held, held_bounds
+from tests.integration.support.demo_process import REPO
 from tests.schemas import validate_speedscope
-from tests.integration.keras_checks import (EXPECTED, F32, check_captures, check_direct_call, check_endpoint_paths,
+from tests.integration.support.keras_checks import (EXPECTED, F32, check_captures, check_direct_call, check_endpoint_paths,
                                             check_failed_forward_counted_and_own_call_back,
                                             check_models_keep_their_outputs, check_outputs_and_layers_as_before,
                                             check_overlapping_forwards_dropped, check_paths_and_calls)
@@ -61,7 +61,7 @@ def _child(section: str) -> dict[str, Any]:
     all sections shared one process)."""
     env = {**os.environ, "KERAS_BACKEND": "tensorflow", "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2",
            "TF_ENABLE_ONEDNN_OPTS": ONEDNN[section]}
-    proc = subprocess.run([str(TF_PYTHON), str(Path(REPO) / "tests" / "integration" / "keras_tf_child.py"), section],
+    proc = subprocess.run([str(TF_PYTHON), str(Path(REPO) / "tests" / "integration" / "support" / "keras_tf_child.py"), section],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     tags = ("RESULT ", "BEHAVIOUR ", "COUNTER ")
     lines = [line for line in proc.stdout.splitlines() if line.startswith(tags)]

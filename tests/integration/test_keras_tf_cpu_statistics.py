@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.bfc_rule import assert_held
+from tests.integration.support.bfc_rule import assert_held
 
 REPO = Path(__file__).resolve().parents[2]
 TF_PYTHON = os.environ.get("MEMPROF_TEST_TF_PYTHON")
@@ -41,7 +41,7 @@ def _child(mode: str, bfc: str | None, onednn: str | None) -> dict[str, Any]:
         env["TF_CPU_ALLOCATOR_USE_BFC"] = bfc
     if onednn is not None:
         env["TF_ENABLE_ONEDNN_OPTS"] = onednn
-    proc = subprocess.run([str(TF_PYTHON), str(REPO / "tests" / "integration" / "keras_tf_cpu_statistics_child.py"), mode],
+    proc = subprocess.run([str(TF_PYTHON), str(REPO / "tests" / "integration" / "support" / "keras_tf_cpu_statistics_child.py"), mode],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and len(lines) == 1, proc.stderr[-4000:]

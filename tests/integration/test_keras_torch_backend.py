@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 from tests.schemas import validate_speedscope
 
 if importlib.util.find_spec("keras") is None:  # the dev extra installs it
@@ -46,7 +46,7 @@ FORWARDS = 2
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, Any]]:
     """One child process runs every case (importing keras with torch takes seconds)."""
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.keras_torch_child"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.support.keras_torch_child"], cwd=REPO,
                           capture_output=True, text=True, timeout=240)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and len(lines) == len(EXPECTED), proc.stderr[-4000:]

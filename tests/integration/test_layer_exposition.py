@@ -10,7 +10,7 @@ import memprof_otel as mp
 from memprof_otel.export.layer_exposition import LAYER_FAMILIES
 from memprof_otel.export.prometheus import make_registry, render_exposition
 from memprof_otel.runtime import runtime
-from tests.integration.helpers import wait_until
+from tests.integration.support.helpers import wait_until
 
 
 def _layer_lines(text: str) -> list[str]:

@@ -25,8 +25,8 @@ from memprof_otel.sources.process import ProcessSource
 from memprof_otel.telemetry.leaks import LAYER, PROCESS, LeakWatch, WatchKey
 from memprof_otel.timeline import Sample
 
-from .helpers import JSON_HEADERS
-from .models import F32
+from .support.helpers import JSON_HEADERS
+from .support.models import F32
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 MiB = 1 << 20

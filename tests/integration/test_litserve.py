@@ -23,9 +23,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.demo_process import REPO
-from tests.integration.helpers import next_process_postmortems
-from tests.integration.prom_server import free_port, running_prometheus
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.helpers import next_process_postmortems
+from tests.integration.support.prom_server import free_port, running_prometheus
 from tests.schemas import validate_speedscope
 
 LITSERVE_PYTHON = os.environ.get("MEMPROF_TEST_LITSERVE_PYTHON")

@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.demo_process import REPO, free_ports
+from tests.integration.support.demo_process import REPO, free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-APP = "tests.integration.live_baseline_app:app"
+APP = "tests.integration.support.live_baseline_app:app"
 SHAPES = [(1, 16), (2, 32), (4, 16), (8, 32)]
 OTHER_SHAPES = [(3, 24), (6, 12)]
 RUNS = 10

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.demo_process import running_demo
+from tests.integration.support.demo_process import running_demo
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -41,7 +41,7 @@ OTHERS_TOLERANCE = 2 * MIB
 
 def run_child(which: str) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-m", "tests.integration.breakdown_child", which], cwd=REPO, env=env,
+    p = subprocess.run([sys.executable, "-m", "tests.integration.support.breakdown_child", which], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-4000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -10,9 +10,9 @@ import pytest
 from torch import nn
 
 import memprof_otel as mp
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 
-from .helpers import error_detail
+from .support.helpers import error_detail
 
 
 @pytest.fixture

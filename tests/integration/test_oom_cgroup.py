@@ -32,7 +32,7 @@ import pytest
 from tests.cgroup_truth import memory_dir, oom_kills, remove_dir
 
 MIB = 1 << 20
-CHILD = Path(__file__).with_name("oom_cgroup_child.py")
+CHILD = (Path(__file__).parent / "support" / "oom_cgroup_child.py")
 # (configuration, cgroup limit MiB, the batches tried after the safe one, the kill point's bound):
 # safe batches of about 30 (defaults, 1000 MiB) and 40 (threshold, 700 MiB) at seq_len 512
 CASES = (("defaults", 1000, ("1.25x", "2x"), 2.0), ("threshold", 700, ("1.25x",), 1.25))

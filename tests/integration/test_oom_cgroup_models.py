@@ -25,7 +25,7 @@ import pytest
 from tests import cgroup_truth
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-CHILD = Path(__file__).with_name("oom_cgroup_models_child.py")
+CHILD = (Path(__file__).parent / "support" / "oom_cgroup_models_child.py")
 LIMIT = 900 << 20
 
 

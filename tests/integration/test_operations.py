@@ -24,7 +24,7 @@ from memprof_otel.config import OtelConfig
 from memprof_otel.export.otel import OtelExporter
 from memprof_otel.runtime import runtime
 from memprof_otel.sources import registry
-from tests.integration.helpers import collector_paused, wait_for
+from tests.integration.support.helpers import collector_paused, wait_for
 
 MiB = 1 << 20
 FAST = {"sampler": {"interval": "20ms"}}

@@ -19,8 +19,8 @@ from memprof_otel import __version__
 from memprof_otel.export.otel import MAX_RETIRED_MODELS
 from memprof_otel.runtime import runtime
 
-from .helpers import wait_for
-from .otlp_receiver import (OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, spans_of,
+from .support.helpers import wait_for
+from .support.otlp_receiver import (OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, spans_of,
                             value_of)
 
 STANDARD_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .otlp_receiver import OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, value_of
+from .support.otlp_receiver import OtlpGrpcReceiver, OtlpReceiver, attrs, metrics_of, points_of, value_of
 
 REPO = Path(__file__).resolve().parents[2]
 _OTEL_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",

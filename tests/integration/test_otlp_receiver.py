@@ -11,8 +11,8 @@ from torch import nn
 import memprof_otel as mp
 from memprof_otel.runtime import runtime
 
-from .helpers import wait_for
-from .otlp_receiver import OtlpReceiver, attrs, metrics_of, spans_of
+from .support.helpers import wait_for
+from .support.otlp_receiver import OtlpReceiver, attrs, metrics_of, spans_of
 
 @pytest.fixture
 def receiver():

@@ -30,7 +30,7 @@ import pytest
 
 from tests import cgroup_truth
 
-from tests.integration import cause_child
+from tests.integration.support import cause_child
 
 MIB = 1 << 20
 LIMIT = 960 * MIB
@@ -62,7 +62,7 @@ def _oom_kills(d: Path) -> int:
 
 
 def _postmortems(folder: Path, dumps: Path) -> dict:
-    r = subprocess.Popen([sys.executable, "-m", "tests.integration.cause_child", "reader"],
+    r = subprocess.Popen([sys.executable, "-m", "tests.integration.support.cause_child", "reader"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env(folder, dumps))
     try:
         url = r.stdout.readline().strip()
@@ -88,7 +88,7 @@ def test_the_room_of_an_oom_kill_after_back_to_back_requests_is_what_the_budget_
     try:
         # GIVEN a child in a fresh cgroup running a real model back to back under the shipped defaults
         kills_before = _oom_kills(cg)
-        p = subprocess.Popen([sys.executable, "-m", "tests.integration.cause_child", "victim", str(cg)],
+        p = subprocess.Popen([sys.executable, "-m", "tests.integration.support.cause_child", "victim", str(cg)],
                              stdout=subprocess.PIPE, text=True, env=_env(folder, dumps))
         try:
             # WHEN it reads the budget between two forwards and at once starts one far past the limit

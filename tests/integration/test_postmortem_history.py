@@ -55,7 +55,7 @@ class Children:
 
     def start(self, env: dict[str, str], *args: str, cwd: Path | None = None,
               program: list[str] | None = None) -> subprocess.Popen:
-        cmd = (program or [sys.executable, "-m", "tests.integration.history_child"]) + ["serve", *args]
+        cmd = (program or [sys.executable, "-m", "tests.integration.support.history_child"]) + ["serve", *args]
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                              cwd=str(cwd or REPO))
         self.all.append(p)
@@ -184,7 +184,7 @@ def test_unnamed_services_get_default_folders_of_their_own(tmp_path, children):
     for d in (tmp, w1, w2):
         d.mkdir()
     other_script = tmp_path / "other_app.py"
-    other_script.write_text("import sys\nfrom tests.integration.history_child import main\nmain(sys.argv[1:])\n")
+    other_script.write_text("import sys\nfrom tests.integration.support.history_child import main\nmain(sys.argv[1:])\n")
     env = _env(tmp, None, None)  # no service name, no black box folder: the defaults under TMPDIR
     # GIVEN five unnamed processes: two of one command in one working dir (a restart), the same
     # program with an option more, the same command in another working dir, another script

@@ -25,11 +25,11 @@ import psutil
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 
-from tests.integration.demo_process import REPO, free_ports
+from tests.integration.support.demo_process import REPO, free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")]
 
-APP = "tests.integration.postmortem_app:app"
+APP = "tests.integration.support.postmortem_app:app"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 SHAPE = {"batch": 3, "seq": 11}
 
@@ -253,7 +253,7 @@ while True:
 
 @pytest.mark.timeout(120)
 def test_a_handled_sigterm_whose_process_served_on_and_was_then_killed_is_a_death(tmp_path: Path) -> None:
-    from tests.integration.helpers import next_process_postmortems
+    from tests.integration.support.helpers import next_process_postmortems
     env = _env(tmp_path)
     # GIVEN a process whose SIGTERM handler only logs (it never shuts down)
     proc = subprocess.Popen([sys.executable, "-c", _LOGS_AND_SERVES_ON], env=env, cwd=REPO,

@@ -16,8 +16,8 @@ import torch
 
 import memprof_otel as mp
 from memprof_otel.dumps.pprof import parse_pprof
-from tests.integration.binaries import required_binary
-from tests.integration.helpers import JSON_HEADERS, Traffic, error_detail
+from tests.integration.support.binaries import required_binary
+from tests.integration.support.helpers import JSON_HEADERS, Traffic, error_detail
 from tests.integration.test_dumps_and_oom import KNOWN_STACKS, N_A, N_B0, N_B1, Known, stacks
 from tests.integration.test_heap_diff import GROW_SITE, Grower
 

@@ -30,9 +30,9 @@ from memprof_otel.export.exposition_merge import SERVICE_WIDE
 from memprof_otel.http.app import Request
 from memprof_otel.metric_names import BY_PROM
 from memprof_otel.runtime import runtime
-from tests.integration.demo_process import REPO, free_port_block, free_ports
-from tests.integration.otlp_receiver import OtlpReceiver, metrics_of, spans_of
-from tests.integration.prom_server import PromHandle, running_prometheus
+from tests.integration.support.demo_process import REPO, free_port_block, free_ports
+from tests.integration.support.otlp_receiver import OtlpReceiver, metrics_of, spans_of
+from tests.integration.support.prom_server import PromHandle, running_prometheus
 
 RSS = "memprof_process_resident_memory_bytes"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
@@ -322,7 +322,7 @@ def test_gunicorn_two_workers_one_port_prometheus_sees_both_and_drops_a_killed_o
                MEMPROF_OTEL_WORKERS_SNAPSHOT_DIR=str(tmp_path / "snapshots"),
                MEMPROF_OTEL_WORKERS_SNAPSHOT_INTERVAL="0.5s")
     cmd = [sys.executable, "-m", "gunicorn", *(["--preload"] if preload else []), "-w", "2",
-           "-b", f"127.0.0.1:{app_port}", "--graceful-timeout", "3", "tests.integration.prefork_app:app"]
+           "-b", f"127.0.0.1:{app_port}", "--graceful-timeout", "3", "tests.integration.support.prefork_app:app"]
     log = tmp_path / "gunicorn.log"
     with running_server(cmd, env, log) as server, \
             running_prometheus([f"127.0.0.1:{port}"], tmp_path) as prom:
@@ -363,7 +363,7 @@ def test_gunicorn_two_workers_one_port_prometheus_sees_both_and_drops_a_killed_o
 def test_uvicorn_workers_with_the_mounted_endpoint(tmp_path: Path) -> None:
     # GIVEN uvicorn --workers 2 serving memprof's ASGI app, without the single-port mode
     app_port = free_ports(1)[0]
-    cmd = [sys.executable, "-m", "uvicorn", "tests.integration.prefork_app:asgi", "--workers", "2",
+    cmd = [sys.executable, "-m", "uvicorn", "tests.integration.support.prefork_app:asgi", "--workers", "2",
            "--host", "127.0.0.1", "--port", str(app_port), "--log-level", "warning"]
     log = tmp_path / "uvicorn-plain.log"
     with running_server(cmd, _env(tmp_path), log) as server:
@@ -405,7 +405,7 @@ def test_gunicorn_preload_with_a_port_range_gives_each_worker_its_own_port(tmp_p
     app_port = free_ports(1)[0]
     env = _env(tmp_path, PREFORK_SERVE="1", MEMPROF_OTEL_HTTP_PORT=str(base), MEMPROF_OTEL_HTTP_PORT_COUNT="3")
     cmd = [sys.executable, "-m", "gunicorn", "--preload", "-w", "2", "-b", f"127.0.0.1:{app_port}",
-           "--graceful-timeout", "3", "tests.integration.prefork_app:app"]
+           "--graceful-timeout", "3", "tests.integration.support.prefork_app:app"]
     log = tmp_path / "gunicorn.log"
     with running_server(cmd, env, log) as server:
         workers = _workers(server, 2, log)

@@ -24,11 +24,11 @@ from torch import nn
 
 import memprof_otel as mp
 from tests import reference_doc
-from tests.integration.helpers import JSON_HEADERS, Traffic, wait_until
+from tests.integration.support.helpers import JSON_HEADERS, Traffic, wait_until
 from memprof_otel.metric_names import METRICS
 from memprof_otel.sources import registry
 
-from .models import F32, Transient, Tree
+from .support.models import F32, Transient, Tree
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}

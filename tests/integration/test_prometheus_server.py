@@ -16,8 +16,8 @@ from memprof_otel.metric_names import METRICS, MetricDef
 from memprof_otel.sources.process import cgroup_memory_limit
 from tests import cgroup_truth
 
-from .models import Tree
-from .prom_server import free_port, running_prometheus
+from .support.models import Tree
+from .support.prom_server import free_port, running_prometheus
 
 # No GPU on this host (CPU torch, no NVML): these families need one and must not be exported.
 NEEDS_GPU = {d.prom for d in METRICS if d.prom.startswith("memprof_gpu_")}

@@ -11,7 +11,7 @@ import torch
 
 from memprof_otel.testing import pytest_plugin
 from memprof_otel.baselines import load
-from tests.integration.demo_process import REPO
+from tests.integration.support.demo_process import REPO
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.timeout(300)

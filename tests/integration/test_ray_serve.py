@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.demo_process import REPO, free_port_block
-from tests.integration.otlp_receiver import OtlpReceiver, attrs, points_of
-from tests.integration.prom_server import free_port, running_prometheus
+from tests.integration.support.demo_process import REPO, free_port_block
+from tests.integration.support.otlp_receiver import OtlpReceiver, attrs, points_of
+from tests.integration.support.prom_server import free_port, running_prometheus
 
 RAY_PYTHON = os.environ.get("MEMPROF_TEST_RAY_PYTHON")
 if not RAY_PYTHON:
@@ -43,7 +43,7 @@ if not RAY_PYTHON:
 # the test command may still be building it: the tests wait (tests/framework_venvs.py)
 pytestmark = pytest.mark.framework_venv("serve")
 
-DRIVER = "tests/integration/ray_serve_driver.py"
+DRIVER = "tests/integration/support/ray_serve_driver.py"
 PEAK = "memprof_layer_peak_increase_bytes"
 LAYERS = {"", "0", "1", "2"}  # the example's nn.Sequential: the root and its three modules
 DEPLOYMENT, APP, MODEL = "MemprofModel", "default", "mlp"

@@ -11,8 +11,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
 import memprof_otel as mp
-from tests.integration.helpers import wait_until
-from tests.integration.models import TINY_VOCAB, tiny_gpt2
+from tests.integration.support.helpers import wait_until
+from tests.integration.support.models import TINY_VOCAB, tiny_gpt2
 
 EVERY = {"every_n_forwards": 1, "overhead_budget": 1.0}
 LAYER_FAMILIES = ("memprof_layer_peak_increase_bytes", "memprof_layer_peak_allocated_bytes",

@@ -16,7 +16,7 @@ from memprof_otel.export import prometheus
 from memprof_otel.metric_names import METRICS, MetricDef
 from memprof_otel.runtime import runtime
 from memprof_otel.telemetry.scrape import Row, ScrapeContext
-from tests.integration.models import Tree
+from tests.integration.support.models import Tree
 
 FAMILY = MetricDef("memprof_test_layers_seen", "memprof.test.layers_seen", "{layer}", "gauge",
                    "layers of each model with a windowed figure (a family of the test's own)", ("model",))

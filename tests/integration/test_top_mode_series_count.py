@@ -33,7 +33,7 @@ from memprof_otel.sources.nvml import NvmlSource
 from tests import cgroup_truth
 from tests.doubles.cuda_allocator_double import MIB, ScriptedCudaAllocatorDouble
 from tests.doubles.nvml_double import GIB, ScriptedGpu, ScriptedNvmlDouble
-from tests.integration.helpers import wait_until
+from tests.integration.support.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.demo_process import REPO, free_port_block, free_ports
-from tests.integration.prom_server import running_prometheus
+from tests.integration.support.demo_process import REPO, free_port_block, free_ports
+from tests.integration.support.prom_server import running_prometheus
 
 CHILD = "examples/torchrun_ranks.py"
 PEAK = "memprof_layer_peak_increase_bytes"

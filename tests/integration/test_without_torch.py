@@ -15,9 +15,9 @@ import textwrap
 
 import pytest
 
-from tests.integration.demo_process import REPO
-from tests.integration.otlp_receiver import OtlpReceiver
-from tests.integration.otlp_receiver import metrics_of
+from tests.integration.support.demo_process import REPO
+from tests.integration.support.otlp_receiver import OtlpReceiver
+from tests.integration.support.otlp_receiver import metrics_of
 from tests.integration.test_otel_final_export import _OTEL_VARS
 
 NO_TORCH = textwrap.dedent('''

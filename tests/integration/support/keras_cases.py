@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tests.integration.keras_subclassed import subclassed_net
+from tests.integration.support.keras_subclassed import subclassed_net
 
 # a case: (model, {path of a Dense written from the definition: its units}). In the Sequential a
 # wide layer comes first: a peak left over from it must not count for the narrower layer after it

@@ -1,5 +1,5 @@
 """Small CPU models whose per-layer figures the baseline tests change on purpose, and the child
-process that prints the model's baseline (``python -m tests.integration.baseline_models [N]``: with
+process that prints the model's baseline (``python -m tests.integration.support.baseline_models [N]``: with
 N, a JSON list of N baselines, each measured in a process of its own forked from this one)."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The leaking process of the early-warning test.
 
-    python -m tests.integration.leak_child
+    python -m tests.integration.support.leak_child
 
 Instruments a small torch model (sampler every ``INTERVAL_S``), serves the endpoint on a free
 port, prints its URL, then waits for a line on stdin. From then on, every ``STEP_S``, it runs a

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import memprof_otel as mp
-from tests.integration.keras_child_common import ATTRIBUTE_EVERY, stats
+from tests.integration.support.keras_child_common import ATTRIBUTE_EVERY, stats
 
 
 def _meet_layer(keras: Any, eager: Callable[[], bool], parties: int, name: str) -> Any:

@@ -1,6 +1,6 @@
 """The processes of the post-mortem history tests.
 
-    python -m tests.integration.history_child serve [BATCH,SEQ] [-option ...]
+    python -m tests.integration.support.history_child serve [BATCH,SEQ] [-option ...]
     python SCRIPT serve ...     (SCRIPT: another file that calls ``main(sys.argv[1:])``)
 
 Instruments a small token model (every forward attributed, sampler every ``INTERVAL_S``), serves
@@ -31,7 +31,7 @@ def main(args: list[str]) -> None:
     import torch
 
     import memprof_otel as mp
-    from tests.integration.token_model import TokenModel
+    from tests.integration.support.token_model import TokenModel
 
     torch.set_num_threads(1)
     model = TokenModel()

@@ -20,7 +20,7 @@ from urllib.parse import parse_qs
 import torch
 
 import memprof_otel as mp
-from tests.integration.token_model import TokenModel
+from tests.integration.support.token_model import TokenModel
 
 torch.set_num_threads(1)
 

@@ -1,7 +1,7 @@
 """A child process for the memory breakdown tests: a real GPT-2 (random weights, from a config) under
 memprof-otel, and known allocations in each CPU component. Prints one JSON document on stdout.
 
-    python -m tests.integration.breakdown_child generate|known
+    python -m tests.integration.support.breakdown_child generate|known
 
 The sampler runs with a long interval so that only the ticks taken here, after each step, refresh
 the breakdown (a tick reads every source afresh). glibc's mmap threshold is fixed at its default

@@ -1,7 +1,7 @@
 """The processes of the black box test.
 
-    python -m tests.integration.blackbox_child victim sigkill|oom [CGROUP_DIR]
-    python -m tests.integration.blackbox_child reader
+    python -m tests.integration.support.blackbox_child victim sigkill|oom [CGROUP_DIR]
+    python -m tests.integration.support.blackbox_child reader
 
 ``victim``: joins ``CGROUP_DIR`` (its ``cgroup.procs``) first when given, instruments a small
 token model (every forward attributed, sampler every ``INTERVAL_S``), runs forwards of several

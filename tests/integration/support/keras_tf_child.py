@@ -23,9 +23,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from tests.integration.keras_behaviour import behaviour  # noqa: E402
-from tests.integration.keras_cases import CASES, Case  # noqa: E402
-from tests.integration.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
+from tests.integration.support.keras_behaviour import behaviour  # noqa: E402
+from tests.integration.support.keras_cases import CASES, Case  # noqa: E402
+from tests.integration.support.keras_child_common import (ATTRIBUTE_EVERY, BATCH, FEATURES, FORWARDS,  # noqa: E402
                                                   calls_added, captures, direct_call, endpoint_layers_and_metrics,
                                                   pause_resume_uninstrument, stats)
 from memprof_otel.sources.tensorflow import TfAllocatorCounter  # noqa: E402

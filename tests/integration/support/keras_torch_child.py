@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import memprof_otel as mp  # noqa: E402
-from tests.integration.keras_subclassed import subclassed_net  # noqa: E402
-from tests.integration.reference_ledger import ReferenceLedger  # noqa: E402
+from tests.integration.support.keras_subclassed import subclassed_net  # noqa: E402
+from tests.integration.support.reference_ledger import ReferenceLedger  # noqa: E402
 
 BATCH = 64
 FEATURES = 32

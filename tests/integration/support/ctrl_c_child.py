@@ -1,6 +1,6 @@
 """The child of the Ctrl-C test: a small model, every forward attributed, forwards in a loop.
 
-    python -m tests.integration.ctrl_c_child N
+    python -m tests.integration.support.ctrl_c_child N
 
 Protocol on stdout, one line each: ``armed`` once the loop is inside its ``try`` (the parent sends
 the next SIGINT only after reading it, so every signal lands inside the ``try``, during forwards),

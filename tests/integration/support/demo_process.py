@@ -27,7 +27,7 @@ from typing import Iterator, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
 
 

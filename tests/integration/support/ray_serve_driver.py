@@ -16,7 +16,7 @@ from pathlib import Path
 import ray
 from ray import serve
 
-EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
+EXAMPLES = str(Path(__file__).resolve().parents[3] / "examples")
 sys.path.insert(0, EXAMPLES)
 # the replicas import the deployment's module too: Ray's worker processes inherit this environment
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (EXAMPLES, os.environ.get("PYTHONPATH")) if p)

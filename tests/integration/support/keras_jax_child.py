@@ -25,9 +25,9 @@ import numpy as np  # noqa: E402
 from memprof_otel import instrument, shutdown  # noqa: E402
 from memprof_otel.attribution.jax.instrumentation import _made_here_is_concrete, _trace_check  # noqa: E402
 from memprof_otel.sources.jax_memory import JaxMemoryCounter  # noqa: E402
-from tests.integration import keras_child_common as common  # noqa: E402
-from tests.integration.keras_behaviour import behaviour  # noqa: E402
-from tests.integration.keras_cases import CASES  # noqa: E402
+from tests.integration.support import keras_child_common as common  # noqa: E402
+from tests.integration.support.keras_behaviour import behaviour  # noqa: E402
+from tests.integration.support.keras_cases import CASES  # noqa: E402
 
 BATCH = common.BATCH
 

@@ -1,7 +1,7 @@
 """The processes of the back-to-back post-mortem cause test.
 
-    python -m tests.integration.cause_child victim CGROUP_DIR
-    python -m tests.integration.cause_child reader
+    python -m tests.integration.support.cause_child victim CGROUP_DIR
+    python -m tests.integration.support.cause_child reader
 
 ``victim``: joins ``CGROUP_DIR`` (its ``cgroup.procs``) before importing torch, instruments a real
 model (a Hugging Face ``BertModel`` from a config, eager attention: the b x h x s x s scores are
@@ -102,7 +102,7 @@ def victim(cgroup: str) -> None:
 
 
 def reader() -> None:
-    from tests.integration.blackbox_child import reader as serve_until_stdin_closes
+    from tests.integration.support.blackbox_child import reader as serve_until_stdin_closes
     serve_until_stdin_closes()
 
 

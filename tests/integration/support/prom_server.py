@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.binaries import required_binary
+from tests.integration.support.binaries import required_binary
 
 INSTALL_HINT = "install it with `apt-get install -y prometheus` (CI does; the test never skips)"
 
