@@ -1,9 +1,10 @@
 """``instrument(model)``: the torch adapter over the pure accounting in ``attribution/``.
 
 Always on: one forward pre-hook and one ``always_call`` forward hook on the root module (a few
-microseconds per forward; the hook objects are ``root_hooks.py``'s). On forwards the scheduler picks, the root pre-hook also routes this
-thread's module calls to a ``ForwardState`` through process-wide hooks (``hooks.py``) and, on CPU,
-pushes the tensor ledger; the root post-hook undoes both and folds the calls into the stats.
+microseconds per forward; the hook objects are ``root_hooks.py``'s). On forwards the forward policy
+picks, the root pre-hook also routes this thread's module calls to a ``ForwardState`` through
+process-wide hooks (``hooks.py``) and, on CPU, pushes the tensor ledger; the root post-hook undoes
+both and folds the calls into the stats.
 """
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ..attaching import attach_handle, tracked_layers
+from ..forward_policy import ForwardRecord
 from ..forward_state import ForwardState
 from .. import kernel_reading
-from ..instrumentation import ForwardRecord, Instrumentation
+from ..instrumentation import Instrumentation
 from ..open_forwards import OpenForwards
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
@@ -68,7 +70,8 @@ class _ThreadLocal(ForwardRecord):
 
 class TorchInstrumentation(Instrumentation):
     """The handle of a torch model: the root hooks, the compile switch and the per-thread forward
-    machine around the framework-neutral handle (``attribution/instrumentation.py``)."""
+    machine around the framework-neutral handle (``attribution/instrumentation.py``), and the
+    counter each attributed forward reads."""
 
     def __init__(self, model: nn.Module, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
         super().__init__(name, config, shape_of)
@@ -174,6 +177,10 @@ class TorchInstrumentation(Instrumentation):
         return len(self._paths)
 
     @property
+    def attribution_method(self) -> str:
+        return "cuda caching allocator" if self.last_device.startswith("cuda") else "tensor ledger"
+
+    @property
     def paused(self) -> bool:
         return not self._handles
 
@@ -230,18 +237,19 @@ class TorchInstrumentation(Instrumentation):
         try:
             if kwargs and not path:
                 self._note_cache(kwargs)
+            policy = self._policy
             if hooks.active_sink() is None:
                 compiled = (under_dynamo or _is_optimized_module(module)
                             or getattr(module, "_compiled_call_impl", None) is not None)
-                self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
+                policy.choose(self, tls, module, path, t, args, kwargs, compiled)
                 if tls.state is not None and tls.shape:
                     # the forward in the units its limit counts (process RSS, CUDA reserved); not
                     # CUDA's under cuda.attribution: trace, whose point is one allocator read a forward
                     tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
                                                             cuda=self.config.cuda.attribution != "trace",
                                                             level=getattr(tls.state, "base_allocated", None))
-            if self._flight:
-                self._flight_begin(tls, path, args, kwargs)
+            if policy.flight:
+                policy.flight_begin(self, tls, path, args, kwargs)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -322,7 +330,7 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
-        self._flight_end(tls)
+        self._policy.flight_end(self, tls)
         _OPEN.close()
         if raised:
             self.forward_errors += 1
@@ -336,7 +344,7 @@ class TorchInstrumentation(Instrumentation):
             finally:
                 self._abort_attribution()
             self_time += state.self_time_s
-        self._end_forward(tls, state, t, self_time, None, raised, exc)  # the per-op view weighs a capture
+        self._policy.end(self, tls, state, t, self_time, None, raised, exc)  # the per-op view weighs a capture
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -450,7 +458,7 @@ class TorchInstrumentation(Instrumentation):
             state.listener = cap
             if mode is not None:
                 mode.ledger.listener = cap.on_alloc
-            cap.forward_started(t, self._capture_operation())
+            cap.forward_started(t, self._policy.capture_operation(self))
         self._activate(state)
         if mode is not None:
             mode.__enter__()
