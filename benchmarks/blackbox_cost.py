@@ -59,7 +59,7 @@ class TokenModel(nn.Module):
 
 def _toggled(h: Any, listeners: list[Any], fn: Callable[[], None]) -> Callable[[], None]:
     def go() -> None:
-        h._flight = listeners
+        h._policy.flight = listeners
         fn()
     return go
 
@@ -94,7 +94,7 @@ def part_paired(quick: bool, clock: Callable[[], float]) -> list[dict[str, Any]]
         if quick:
             pairs = max(6, pairs // 4)
         h = mp.instrument(model, name=name.split()[0])
-        assert h._flight == [bb], "the black box is not the handle's flight listener (blackbox.enabled?)"
+        assert h._policy.flight == [bb], "the black box is not the handle's flight listener (blackbox.enabled?)"
         try:
             with torch.inference_mode():
                 fn = lambda: item(model)  # noqa: E731
@@ -108,7 +108,7 @@ def part_paired(quick: bool, clock: Callable[[], float]) -> list[dict[str, Any]]
                                  "median_overhead": r.median_overhead, "total_overhead": r.total_overhead,
                                  "iqr": [r.ci_low - 1, r.ci_high - 1], "pairs": r.pairs, "block": r.block})
         finally:
-            h._flight = [bb]
+            h._policy.flight = [bb]
             h.uninstrument()
     return rows
 

@@ -3,7 +3,9 @@ the registry of instrumented models. No module here imports torch, tensorflow or
 that do are the subpackages. Forwards run on many threads at once: each attributes its own forward
 (``forward_state.py``), and what they share (the statistics, the scheduler, the registry) is locked.
 
+``adapter.py`` ``FrameworkAdapter``: the duties a framework adapter fills in, abstract
 ``attaching.py`` what every adapter's ``attach`` shares: config, checks, tracked layers, registration
+``forward_policy.py`` which forward is measured and how, what its end is charged to, who hears of it in flight
 ``forward_state.py`` one attributed forward in one thread: the per-layer hook sink and its counter
 ``frameworks.py`` which adapter instruments a model, its framework imported only then
 ``handle.py`` ``ModelHandle``: what the layers above know of an instrumented model, both ways

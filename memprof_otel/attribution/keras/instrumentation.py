@@ -29,8 +29,9 @@ from ...dumps.capture import Capture
 from ...errors import CaptureUnsupported, InstrumentationError
 from ...sources.base import HotCounter
 from ..attaching import attach_handle, tracked_layers
+from ..forward_policy import ForwardRecord
 from ..forward_state import ForwardState
-from ..instrumentation import ForwardRecord, Instrumentation
+from ..instrumentation import Instrumentation
 from ..keras_tree import is_keras_layer, keras_backend_of, keras_layer_paths
 from ..open_forwards import OpenForwards
 from .. import kernel_reading
@@ -193,9 +194,10 @@ class KerasInstrumentation(Instrumentation):
         tls.shape = tls.features = None
         tls.capture = None
         counter = self._counter
+        policy = self._policy
         try:
             if counter is not None:
-                self._choose_measurement(tls, key, path, t, args, kwargs)
+                policy.choose(self, tls, key, path, t, args, kwargs)
             if tls.state is not None:
                 tls.state.begin(t)
                 if tls.shape:  # on CPU, the forward's rise of the process's resident memory too;
@@ -204,9 +206,9 @@ class KerasInstrumentation(Instrumentation):
         except Exception as e:  # never into the model: this forward runs unmeasured
             tls.state = tls.sink = None
             self._count_error("begin", e)
-        if self._flight:  # also where the backend gives no figures: a post-mortem names the forward
+        if policy.flight:  # also where the backend gives no figures: a post-mortem names the forward
             try:
-                self._flight_begin(tls, path, args, kwargs)
+                policy.flight_begin(self, tls, path, args, kwargs)
             except Exception as e:
                 self._count_error("begin", e)
 
@@ -218,7 +220,7 @@ class KerasInstrumentation(Instrumentation):
         tls.state = tls.sink = state
         if cap is not None:
             state.listener = cap
-            cap.forward_started(t, self._capture_operation())
+            cap.forward_started(t, self._policy.capture_operation(self))
 
     def _begin_root_reading(self, opener: Any, t: float) -> None:
         # a forward left plain, read at its root only, for the memory model: two reads
@@ -233,7 +235,7 @@ class KerasInstrumentation(Instrumentation):
         return state
 
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
-        self._flight_end(tls)
+        self._policy.flight_end(self, tls)
         _OPEN.close()
         state = tls.state
         tls.state = tls.sink = None
@@ -254,7 +256,7 @@ class KerasInstrumentation(Instrumentation):
             except Exception as e:
                 self._count_error("finish", e)
             self_time += state.self_time_s
-        self._end_forward(tls, state, t, self_time, root, raised, exc)
+        self._policy.end(self, tls, state, t, self_time, root, raised, exc)
 
 
 class _NoInstanceCall:

@@ -1,9 +1,10 @@
 """``instrument(model)``: the torch adapter over the pure accounting in ``attribution/``.
 
 Always on: one forward pre-hook and one ``always_call`` forward hook on the root module (a few
-microseconds per forward). On forwards the scheduler picks, the root pre-hook also routes this
-thread's module calls to a ``ForwardState`` through process-wide hooks (``hooks.py``) and, on CPU,
-pushes the tensor ledger; the root post-hook undoes both and folds the calls into the stats.
+microseconds per forward; the hook objects are ``root_hooks.py``'s). On forwards the forward policy
+picks, the root pre-hook also routes this thread's module calls to a ``ForwardState`` through
+process-wide hooks (``hooks.py``) and, on CPU, pushes the tensor ledger; the root post-hook undoes
+both and folds the calls into the stats.
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ import torch
 from torch import nn
 
 from . import held, hooks
+from .root_hooks import CompiledCall, DisarmedWatch, ForwardArgs, ReleaseWatch, RootHook
+# a model pickled by an earlier release names its inert hook here: it still loads
+from .root_hooks import InertHook as _InertHook  # noqa: F401
 from ...sources import torch_compat as _torch_compat
-from ..._callouts import calls_application
 from ..._log import rate_limited
-from ...sources.torch_compat import DynamoDisabled, eval_frame_callback as _eval_frame_callback
 from ...sources.torch_compat import is_optimized_module as _is_optimized_module
-from ...sources.torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode, is_compiling as _is_compiling
-from ...sources.torch_compat import skip_code as _skip_code
+from ...sources.torch_compat import get_current_dispatch_mode as _get_current_dispatch_mode
 from ...capacity.shapes import ShapeOf
 from ...config import Config
 from ...dumps.capture import Capture
@@ -35,9 +36,10 @@ from ...sources.cuda import CudaPeakWatch
 from ...sources.glibc import HeapLevelCounter
 from ...sources.ledger import LedgerMode, TensorLedger
 from ..attaching import attach_handle, tracked_layers
+from ..forward_policy import ForwardRecord
 from ..forward_state import ForwardState
 from .. import kernel_reading
-from ..instrumentation import ForwardRecord, Instrumentation
+from ..instrumentation import Instrumentation
 from ..open_forwards import OpenForwards
 from ..selection import OTHER
 from ..traced_forward import TracedForwardState
@@ -68,7 +70,8 @@ class _ThreadLocal(ForwardRecord):
 
 class TorchInstrumentation(Instrumentation):
     """The handle of a torch model: the root hooks, the compile switch and the per-thread forward
-    machine around the framework-neutral handle (``attribution/instrumentation.py``)."""
+    machine around the framework-neutral handle (``attribution/instrumentation.py``), and the
+    counter each attributed forward reads."""
 
     def __init__(self, model: nn.Module, name: str, config: Config, shape_of: ShapeOf | None = None) -> None:
         super().__init__(name, config, shape_of)
@@ -85,7 +88,7 @@ class TorchInstrumentation(Instrumentation):
         # thread ident -> (state, mode) of attributed forwards in flight (for uninstrument's cleanup)
         self._open: dict[int, tuple[ForwardState, LedgerMode | None]] = {}
         self._open_lock = threading.Lock()
-        self._wrapped: _CompiledCall | None = None  # our stand-in for an m.compile()d root's call
+        self._wrapped: CompiledCall | None = None  # our stand-in for an m.compile()d root's call
         # the forward that opened while m.compile() replaced our hooks: closed when its args go
         self._close_on_release: ForwardState | None = None
         self._handles: list[Any] = []
@@ -110,9 +113,9 @@ class TorchInstrumentation(Instrumentation):
         for path, mod in self._entry_points(model):
             # the root's pre-hook sees keyword arguments too: a forward's shape is often only there
             # (generate() calls model(**inputs)); other entry points need only their positional args
-            handles.append(mod.register_forward_pre_hook(_RootHook(self, True, path, path == ""),
+            handles.append(mod.register_forward_pre_hook(RootHook(self, True, path, path == ""),
                                                          with_kwargs=path == ""))
-            handles.append(mod.register_forward_hook(_RootHook(self, False, path), always_call=True))
+            handles.append(mod.register_forward_hook(RootHook(self, False, path), always_call=True))
         self._handles = handles
 
     def _entry_points(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -164,7 +167,7 @@ class TorchInstrumentation(Instrumentation):
         ``nn.Sequential``) any hook makes Dynamo compile a forward the user's compile left eager,
         and so change its outputs.
         """
-        w = _CompiledCall(self, model._compiled_call_impl)
+        w = CompiledCall(self, model._compiled_call_impl)
         model._compiled_call_impl = w
         self._wrapped = w
         self._handles = [w]
@@ -172,6 +175,10 @@ class TorchInstrumentation(Instrumentation):
     @property
     def layer_count(self) -> int:
         return len(self._paths)
+
+    @property
+    def attribution_method(self) -> str:
+        return "cuda caching allocator" if self.last_device.startswith("cuda") else "tensor ledger"
 
     @property
     def paused(self) -> bool:
@@ -196,7 +203,7 @@ class TorchInstrumentation(Instrumentation):
     def _on_pre(self, module: nn.Module, path: str, args: Any, under_dynamo: bool = False,
                 kwargs: dict[str, Any] | None = None) -> Any:
         if (under_dynamo and path == "" and getattr(module, "_compiled_call_impl", None) is not None
-                and not isinstance(module._compiled_call_impl, _CompiledCall) and not self._closed and self._owns(module, path)):
+                and not isinstance(module._compiled_call_impl, CompiledCall) and not self._closed and self._owns(module, path)):
             # m.compile() after instrument(): drop our local hooks before Dynamo looks at forward
             # (hooks on a torch.nn builtin make it compile), wrap the compiled call for
             # later forwards; this forward closes when _call_impl releases its args
@@ -230,18 +237,19 @@ class TorchInstrumentation(Instrumentation):
         try:
             if kwargs and not path:
                 self._note_cache(kwargs)
+            policy = self._policy
             if hooks.active_sink() is None:
                 compiled = (under_dynamo or _is_optimized_module(module)
                             or getattr(module, "_compiled_call_impl", None) is not None)
-                self._choose_measurement(tls, module, path, t, args, kwargs, compiled)
+                policy.choose(self, tls, module, path, t, args, kwargs, compiled)
                 if tls.state is not None and tls.shape:
                     # the forward in the units its limit counts (process RSS, CUDA reserved); not
                     # CUDA's under cuda.attribution: trace, whose point is one allocator read a forward
                     tls.state.kernel = kernel_reading.begin(self.last_device, _OPEN.another_thread_open(),
                                                             cuda=self.config.cuda.attribution != "trace",
                                                             level=getattr(tls.state, "base_allocated", None))
-            if self._flight:
-                self._flight_begin(tls, path, args, kwargs)
+            if policy.flight:
+                policy.flight_begin(self, tls, path, args, kwargs)
         except Exception as e:
             self._abort_attribution()
             self._count_error("begin", e)
@@ -250,14 +258,14 @@ class TorchInstrumentation(Instrumentation):
         tls.self_time_s = time.perf_counter() - t
         if switching and tls.state is not None:  # our post-hook is gone: close when args are released
             self._close_on_release = tls.state
-            return _ForwardArgs(args, _ReleaseWatch(self, threading.get_ident(), tls.state))
+            return ForwardArgs(args, ReleaseWatch(self, threading.get_ident(), tls.state))
         if tls.state is None or under_dynamo or tls.mode is None:
             return None
         # An attributed forward changed this thread (dispatch mode, global hooks). PyTorch runs
         # always_call hooks on Exception only: a KeyboardInterrupt, CancelledError or SystemExit
         # skips our post-hook. ``_call_impl`` holds the args tuple until the call is over, so a
         # tuple that tells us when it dies restores the thread as soon as the unwinding is done.
-        return _ForwardArgs(args, _ReleaseWatch(self, threading.get_ident(), tls.state))
+        return ForwardArgs(args, ReleaseWatch(self, threading.get_ident(), tls.state))
 
     def _note_cache(self, kwargs: dict[str, Any]) -> None:
         """Remember the KV cache this forward is called with (the same ``Cache`` object on every
@@ -291,11 +299,11 @@ class TorchInstrumentation(Instrumentation):
         tls.busy = True
         try:
             self._close(tls, t, raised, sys.exc_info()[1] if raised else None)
-            if type(args) is _ForwardArgs:  # what our pre-hook returned, passed back by PyTorch
+            if type(args) is ForwardArgs:  # what our pre-hook returned, passed back by PyTorch
                 # closed: nothing is left to do when the args are freed, so their finalizer goes
                 # (no frame of ours runs at that free, where a pending Ctrl-C would be raised and
                 # lost). Not before the close: a Ctrl-C inside it leaves the finalizer to finish.
-                args._owner.__class__ = _DisarmedWatch
+                args._owner.__class__ = DisarmedWatch
         finally:
             tls.busy = False
 
@@ -322,7 +330,7 @@ class TorchInstrumentation(Instrumentation):
     def _close(self, tls: _ThreadLocal, t: float, raised: bool, exc: BaseException | None) -> None:
         tls.open_key = None
         tls.depth = 0
-        self._flight_end(tls)
+        self._policy.flight_end(self, tls)
         _OPEN.close()
         if raised:
             self.forward_errors += 1
@@ -336,7 +344,7 @@ class TorchInstrumentation(Instrumentation):
             finally:
                 self._abort_attribution()
             self_time += state.self_time_s
-        self._end_forward(tls, state, t, self_time, None, raised, exc)  # the per-op view weighs a capture
+        self._policy.end(self, tls, state, t, self_time, None, raised, exc)  # the per-op view weighs a capture
 
     @staticmethod
     def _still_running(key: int, calls_now: int = 0) -> bool:
@@ -450,7 +458,7 @@ class TorchInstrumentation(Instrumentation):
             state.listener = cap
             if mode is not None:
                 mode.ledger.listener = cap.on_alloc
-            cap.forward_started(t, self._capture_operation())
+            cap.forward_started(t, self._policy.capture_operation(self))
         self._activate(state)
         if mode is not None:
             mode.__enter__()
@@ -584,129 +592,6 @@ class TorchInstrumentation(Instrumentation):
         with self._open_lock:
             self._open.pop(threading.get_ident(), None)
 
-
-
-class _RootHook:
-    """The root hooks as objects, so copying or pickling a model never copies the handle.
-
-    ``copy.deepcopy(model)`` copies the hook dicts: the copy keeps this same object, whose
-    identity check then ignores the copy's forwards. Pickling (``torch.save(model)``) stores an
-    inert hook instead of the handle and its locks.
-    """
-
-    __slots__ = ("h", "pre", "path", "kw")
-
-    def __init__(self, h: TorchInstrumentation, pre: bool, path: str, kw: bool = False) -> None:
-        self.h = h
-        self.pre = pre
-        self.path = path
-        self.kw = kw  # a pre-hook registered with_kwargs: gets them, returns (args, kwargs)
-
-    def __call__(self, module: nn.Module, args: Any, output: Any = None) -> Any:
-        # ``output`` is the keyword arguments for a pre-hook registered with_kwargs
-        if _is_compiling():
-            # traced by Dynamo inside a compiled region: nothing of ours enters the graph (no
-            # graph break, no changed output); the eager hooks around the region do the work
-            return
-        if _eval_frame_callback() is None:
-            return _hook_body(self, module, args, output, False)
-        # a top-level frame under a Dynamo context (Module._call_impl is a skipped frame, its
-        # hooks are not): run eagerly, untraced; __call__ itself is skip_code()d below
-        return _hook_body_untraced(self, module, args, output, True)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_RootHook":
-        return self
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return (_InertHook, ())
-
-
-def _hook_body(hook: "_RootHook", module: nn.Module, args: Any, output: Any, under_dynamo: bool) -> Any:
-    if hook.pre:
-        if not hook.kw:
-            return hook.h._on_pre(module, hook.path, args, under_dynamo)
-        new_args = hook.h._on_pre(module, hook.path, args, under_dynamo, output)
-        return None if new_args is None else (new_args, output)
-    hook.h._on_post(module, output, args)
-    return None
-
-
-_hook_body_untraced = DynamoDisabled(_hook_body)
-_skip_code(_RootHook.__call__.__code__)
-
-
-class _CompiledCall:
-    """Stands in for ``model._compiled_call_impl`` (set by ``m.compile()``): our pre/post around
-    the compiled call, run eagerly; ``uninstrument()`` puts the original back."""
-
-    def __init__(self, h: TorchInstrumentation, inner: Any) -> None:
-        self.h = h
-        self.inner = inner
-
-    def remove(self) -> None:  # a handle, for _detach
-        pass
-
-    @calls_application
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():
-            return self.inner(*args, **kwargs)
-        model = self.h._model_ref()
-        self.h._on_pre(model, "", args, True, kwargs)
-        ok = False
-        try:
-            out = self.inner(*args, **kwargs)
-            ok = True
-            return out
-        finally:
-            self.h._on_post(model, out if ok else None)
-
-
-class _ForwardArgs(tuple):
-    """The opener's positional args, unchanged, plus a ``_ReleaseWatch`` that dies with them.
-
-    Returned by the pre-hook of an attributed forward (PyTorch then passes it to ``forward`` as
-    ``*args``, so the model sees the same values). When ``_call_impl`` lets go of it, the call is
-    over and the watch's finalizer runs, unless the post-hook closed the forward and disarmed it.
-    """
-
-    def __new__(cls, args: tuple[Any, ...], watch: "_ReleaseWatch") -> "_ForwardArgs":
-        self = super().__new__(cls, args)
-        self._owner = watch
-        return self
-
-    def __reduce__(self) -> Any:  # copies and pickles are plain tuples
-        return (tuple, (tuple(self),))
-
-
-class _ReleaseWatch:
-    """Whose forward a ``_ForwardArgs`` belongs to; its finalizer closes the forward if a
-    BaseException skipped the post-hook. A separate object because a tuple subclass's class cannot
-    be changed: this one's can, to ``_DisarmedWatch`` (same slots, no finalizer)."""
-
-    __slots__ = ("owner",)
-
-    def __init__(self, h: TorchInstrumentation, ident: int, state: ForwardState) -> None:
-        self.owner = (h, ident, state)
-
-    def __del__(self) -> None:
-        try:
-            h, ident, state = self.owner
-            h._args_released(ident, state)
-        except BaseException:  # noqa: BLE001 - nothing may escape a finalizer
-            pass
-
-
-class _DisarmedWatch:
-    """A ``_ReleaseWatch`` whose forward closed normally: freed without running any code."""
-
-    __slots__ = ("owner",)
-
-
-class _InertHook:
-    """What an unpickled copy of an instrumented model carries: a hook that does nothing."""
-
-    def __call__(self, *args: Any) -> None:
-        return None
 
 
 def _layer_paths(model: nn.Module) -> list[tuple[str, Any]]:
