@@ -30,7 +30,7 @@ from typing import Any, Callable
 from ._log import rate_limited
 from .advice.service import Advisor
 from .attribution.handle import ModelHandle
-from .attribution.registry import live_handles
+from .attribution.live_handles import live_handles
 from .blackbox.service import BlackBox, span_attributes
 from .config import Config, DumpsConfig, SeriesConfig, load_config_tolerant, service_name_in_effect
 from .dumps.heap_session import HeapProfiler

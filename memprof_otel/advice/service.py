@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .._log import rate_limited
 from ..attribution.handle import ModelHandle
-from ..attribution.registry import live_handles
+from ..attribution.live_handles import live_handles
 from ..dumps.service import pick_model
 from ..telemetry.scrape import Row, ScrapeContext
 from ..telemetry.series import LayerView

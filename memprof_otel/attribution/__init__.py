@@ -1,7 +1,7 @@
 """Per-layer attribution, framework-neutral: the accounting, one attributed forward, the handle and
-the registry of instrumented models. No module here imports torch, tensorflow or jax; the adapters
+the live handles (the models instrumented now). No module here imports torch, tensorflow or jax; the adapters
 that do are the subpackages. Forwards run on many threads at once: each attributes its own forward
-(``forward_state.py``), and what they share (the statistics, the scheduler, the registry) is locked.
+(``forward_state.py``), and what they share (the statistics, the scheduler, the live handles) is locked.
 
 ``adapter.py`` ``FrameworkAdapter``: the duties a framework adapter fills in, abstract
 ``attaching.py`` what every adapter's ``attach`` shares: config, checks, tracked layers, registration
@@ -16,7 +16,7 @@ that do are the subpackages. Forwards run on many threads at once: each attribut
 ``measure_window.py`` a measuring window: a model's next forwards attributed, kept per input shape
 ``open_forwards.py`` the forwards open now on shared counters: did a forward run alone?
 ``peaks.py`` per-layer peak accounting over a counter's "level now" and "peak since mark" (pure)
-``registry.py`` the models instrumented now, by name and by model object
+``live_handles.py`` the models instrumented now, by name and by model object
 ``scheduler.py`` which forwards get exact per-layer attribution: an adaptive overhead budget
 ``selection.py`` which module paths get their own frame, and which fold into ``__other__`` (pure)
 ``stats.py`` ``LayerMemoryStats`` and the accumulator that folds layer calls into it

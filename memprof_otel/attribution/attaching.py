@@ -13,7 +13,7 @@ from typing import Any, Callable, TypeVar
 from ..capacity.shapes import ShapeOf
 from ..config import AttributionConfig, Config, load_config
 from ..errors import InstrumentationError
-from . import registry as live
+from . import live_handles as live
 from .instrumentation import Instrumentation
 from .selection import filters_selecting_nothing, select_layers
 

@@ -19,7 +19,7 @@ from ..capacity.service import Capacity
 from ..capacity.shapes import Features
 from ..config import Config
 from ..dumps.capture import Capture
-from . import registry as live
+from . import live_handles as live
 from .forward_state import ForwardState
 from .handle import FlightListener, ForwardObserver, ModelHandle
 from .measure_window import MeasureWindow

@@ -3,7 +3,7 @@
 A framework adapter (``attribution/torch/``) builds handles that satisfy ``ModelHandle``; the
 composition root (``runtime``), the endpoint (``http``), the dump service and the exporters only use
 what is written here, so none of them imports an adapter or its framework. The live handles are in
-``registry.py``.
+``live_handles.py``.
 
 What a handle tells the layers above during a forward is ``ForwardObserver``: the OOM flight
 recorder (``dumps``) and the OpenTelemetry recorder (``export``) are observers, and the composition

@@ -31,7 +31,7 @@ from ..reports.summary import format_summary, summary_dict
 from ..reports.timeline_export import write_timeline
 from ..sources.survivors import SurvivorTable
 from ..timeline import OperationRecord, Sample
-from . import registry as live
+from . import live_handles as live
 from .adapter import FrameworkAdapter
 from .forward_policy import ForwardPolicy
 from .forward_state import ForwardState, event_capacity, event_dict

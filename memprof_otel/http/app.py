@@ -30,7 +30,7 @@ from ..advice.service import Advisor
 from .._version import __version__
 from ..config import Config, ConfigError, HttpConfig, LeaksConfig
 from ..errors import (CaptureBusy, CaptureUnsupported, DumpNotFound, ExportError, InstrumentationError, InvalidDumpId, ModelRequired, ShapeError, UnknownModel)
-from ..attribution.registry import live_handles
+from ..attribution.live_handles import live_handles
 from ..blackbox.service import BlackBox
 from ..baselines import from_shapes
 from ..dumps.jobs import FAILED, JOB_ID_RE, PENDING, DumpJob

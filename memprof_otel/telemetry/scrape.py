@@ -21,7 +21,7 @@ from typing import Callable, Protocol
 from .._log import rate_limited
 from .._version import __version__
 from ..attribution.handle import ModelHandle
-from ..attribution.registry import live_handles
+from ..attribution.live_handles import live_handles
 from ..config import Config, service_version_in_effect
 from ..timeline import Sample
 from .fork_renewal import STATE

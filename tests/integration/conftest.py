@@ -11,7 +11,7 @@ import pytest
 
 import memprof_otel as mp
 from memprof_otel import runtime as runtime_module
-from memprof_otel.attribution.registry import live_handles
+from memprof_otel.attribution.live_handles import live_handles
 
 from .support.helpers import JSON_HEADERS
 

@@ -503,7 +503,7 @@ def test_memory_answers_its_schema_the_parts_add_up_and_metrics_carry_the_same(c
     cpu = doc["devices"]["cpu"]
     assert sum(cpu["components"].values()) + cpu["unexplained_bytes"] == cpu["total_bytes"] > 0
     # the weights of every live instrumented model (earlier tests' may live on): each storage once
-    from memprof_otel.attribution.registry import live_handles
+    from memprof_otel.attribution.live_handles import live_handles
     storages = {p.untyped_storage().data_ptr(): p.numel() * p.element_size() for h in live_handles().values()
                 if h.model is not None for p in [*h.model.parameters(), *h.model.buffers()]}
     assert cpu["components"]["weights"] == sum(storages.values()) > 0
