@@ -78,6 +78,11 @@ class FrameworkAdapter(ABC):
     def _release_open_forwards(self) -> None:
         """End the attributed forwards still open in other threads (uninstrument's cleanup)."""
 
+    def _close_abandoned(self) -> None:
+        """Close this thread's forward an exception abandoned (a KeyboardInterrupt between its
+        hooks) now, rather than at the next forward: ``reset_stats`` asks first, so a forward from
+        before the reset is not counted after it. Adapters that never leave one open need nothing."""
+
     # ---- a measured forward (called back by ``ForwardPolicy.choose``) --------------------------
     @abstractmethod
     def _begin_attributed(self, opener: Any, path: str, t: float, cap: Capture | None, compiled: bool) -> None:

@@ -359,7 +359,9 @@ class Instrumentation(FrameworkAdapter):
 
     def reset_stats(self) -> None:
         """Forget the per-layer figures and events. Surviving bytes stay: they are a level of
-        memory alive now, not a history."""
+        memory alive now, not a history. A forward an interrupt abandoned before the reset is
+        closed first, so that it is forgotten with the rest."""
+        self._close_abandoned()
         self._stats.clear()
         self._windows.clear()
         with self._events_lock:

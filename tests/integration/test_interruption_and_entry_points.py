@@ -83,13 +83,36 @@ def test_interrupted_forward_whose_traceback_is_kept_recovers_at_the_next_forwar
             kept.append(e)  # the traceback keeps the forward's frames (and its args) alive
         assert torch._C._len_torch_dispatch_stack() == 1  # nothing could notice the abandonment yet
         model.exc = None
-        h.reset_stats()
         model(x)  # the next forward's pre-hook sees the abandoned one and restores the thread first
         assert h.interrupted_forwards == 1
         assert torch._C._len_torch_dispatch_stack() == 0
         s = h.layer_stats()
     # the abandoned forward is closed as raised (like a module exception), then the new one runs
     assert s[""].calls == 2 and s["b"].calls == 1 and s["b"].peak_increase == 5000 * F32
+    assert _thread_is_clean()
+    del kept
+
+
+def test_reset_stats_after_an_abandoned_forward_forgets_it_with_the_rest():
+    """A forward abandoned before ``reset_stats()`` (its traceback kept, so nothing noticed yet)
+    is closed by the reset, not counted after it by the next forward's recovery."""
+    model = Interrupted()
+    x = torch.randn(4, 8)
+    kept: list[BaseException] = []
+    with mp.instrument(model, **EVERY) as h:
+        model.exc = KeyboardInterrupt
+        try:
+            model(x)
+        except KeyboardInterrupt as e:
+            kept.append(e)
+        model.exc = None
+        h.reset_stats()
+        assert h.interrupted_forwards == 1  # closed (and counted) by the reset
+        assert torch._C._len_torch_dispatch_stack() == 0
+        model(x)
+        s = h.layer_stats()
+    assert s[""].calls == 1 and s["a"].calls == 1 and s["b"].calls == 1
+    assert s["b"].peak_increase == 5000 * F32
     assert _thread_is_clean()
     del kept
 

@@ -373,11 +373,14 @@ class TorchInstrumentation(Instrumentation):
             self._count_error("recover", e)
             tls.open_key, tls.depth, tls.state = None, 0, None
 
-    def _release_open_forwards(self) -> None:
-        """On uninstrument: close this thread's abandoned forward; neutralise other threads' ones."""
+    def _close_abandoned(self) -> None:
         tls = self._tls
         if tls.open_key is not None and not self._still_running(tls.open_key):
             self._recover(tls)
+
+    def _release_open_forwards(self) -> None:
+        """On uninstrument: close this thread's abandoned forward; neutralise other threads' ones."""
+        self._close_abandoned()
         with self._open_lock:
             others = list(self._open.items())
         for ident, (state, mode) in others:
