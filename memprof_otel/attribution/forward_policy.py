@@ -67,7 +67,7 @@ class ForwardPolicy:
         self.capacity = capacity  # the handle's memory model (None with capacity.enabled: false)
         self.root_readings = ccfg.root_readings
         # the deep capture taking the next forwards, and the measuring window of a live baseline, while
-        # running or open: the handle's capture() and measure_window() set them under registry.LOCK
+        # running or open: the handle's capture() and measure_window() set them under live_handles.LOCK
         self.running_capture: Capture | None = None
         self.open_window: MeasureWindow | None = None
         # forwards in flight, attributed or not (the black box); empty: the forward path skips it
