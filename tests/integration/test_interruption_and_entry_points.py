@@ -71,18 +71,26 @@ def test_base_exception_mid_forward_restores_the_thread_at_once_and_is_counted(e
     assert _thread_is_clean()
 
 
+def _abandon_keeping_traceback(model: Interrupted, x: torch.Tensor) -> BaseException:
+    """One forward of ``model`` interrupted by a KeyboardInterrupt, whose exception is returned: its
+    traceback keeps the forward's frames (and its args) alive, so nothing can notice the abandonment
+    yet. The model runs plainly again afterwards."""
+    model.exc = KeyboardInterrupt
+    try:
+        model(x)
+    except KeyboardInterrupt as e:
+        return e
+    finally:
+        model.exc = None
+    raise AssertionError("the forward was not interrupted")
+
+
 def test_interrupted_forward_whose_traceback_is_kept_recovers_at_the_next_forward():
     model = Interrupted()
     x = torch.randn(4, 8)
-    kept: list[BaseException] = []
     with mp.instrument(model, **EVERY) as h:
-        model.exc = KeyboardInterrupt
-        try:
-            model(x)
-        except KeyboardInterrupt as e:
-            kept.append(e)  # the traceback keeps the forward's frames (and its args) alive
+        kept = _abandon_keeping_traceback(model, x)
         assert torch._C._len_torch_dispatch_stack() == 1  # nothing could notice the abandonment yet
-        model.exc = None
         model(x)  # the next forward's pre-hook sees the abandoned one and restores the thread first
         assert h.interrupted_forwards == 1
         assert torch._C._len_torch_dispatch_stack() == 0
@@ -98,14 +106,8 @@ def test_reset_stats_after_an_abandoned_forward_forgets_it_with_the_rest():
     is closed by the reset, not counted after it by the next forward's recovery."""
     model = Interrupted()
     x = torch.randn(4, 8)
-    kept: list[BaseException] = []
     with mp.instrument(model, **EVERY) as h:
-        model.exc = KeyboardInterrupt
-        try:
-            model(x)
-        except KeyboardInterrupt as e:
-            kept.append(e)
-        model.exc = None
+        kept = _abandon_keeping_traceback(model, x)
         h.reset_stats()
         assert h.interrupted_forwards == 1  # closed (and counted) by the reset
         assert torch._C._len_torch_dispatch_stack() == 0
