@@ -87,6 +87,29 @@ def _ready(base: str, log: Path) -> None:
            "the server answering", log)
 
 
+def _handles_sigterm(pid: int) -> bool:
+    """Whether the process has a handler for SIGTERM now, as the kernel says (``SigCgt`` of
+    /proc/PID/status): a server worker sets its own once it serves; before that (gunicorn's
+    UvicornWorker resets it to the default while it boots) a SIGTERM ends it at once, which no
+    next process can tell from a SIGKILL."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _serving(proc: subprocess.Popen[bytes], n: int, log: Path) -> set[int]:
+    """The pids of the server's n workers, once every one handles SIGTERM (is past its boot; a
+    helper child such as multiprocessing's resource tracker ignores the signal, and is not one)."""
+    def kids() -> set[int] | None:
+        found = {c.pid for c in psutil.Process(proc.pid).children() if _handles_sigterm(c.pid)}
+        return found if len(found) >= n else None
+    return _until(kids, 90, f"{n} workers handling SIGTERM", log)
+
+
 def _postmortems(base: str, log: Path) -> dict[str, Any]:
     def scanned() -> dict[str, Any] | None:
         r = _get(f"{base}/v1/postmortem")
@@ -173,9 +196,9 @@ def test_gunicorn_workers_stop_gracefully_and_all_serve_a_killed_siblings_death_
                MEMPROF_OTEL_WORKERS_SNAPSHOT_INTERVAL="0.5s")
     # GIVEN gunicorn with two UvicornWorkers, each serving the instrumented model
     with server(_gunicorn(port, 2), env, log) as master:
-        _workers(master, 2, log)
         _ready(base, log)
         _until(lambda: len(_files(tmp_path)) == 2, 30, "both workers' black boxes", log)
+        _serving(master, 2, log)  # a worker stopped while it boots dies of the signal, unhandled
         # WHEN the master is stopped with SIGTERM (a rolling deploy)
         master.send_signal(signal.SIGTERM)
         assert master.wait(60) == 0, log.read_text()[-3000:]
@@ -225,6 +248,7 @@ def test_uvicorn_workers_stopped_with_sigterm_leave_no_postmortem(tmp_path: Path
     with server([*_uvicorn(port), "--workers", "2"], env, log) as supervisor:
         _ready(base, log)
         _until(lambda: len(_files(tmp_path)) == 2, 60, "both workers' black boxes", log)
+        _serving(supervisor, 2, log)
         # WHEN the supervisor is stopped with SIGTERM (it passes the signal on to its workers)
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(60)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 import sys
 import time
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 import memprof_otel as mp
+from memprof_otel.blackbox import signals as stop_signals
 
 ARMED_TIMEOUT_S = 10.0  # the longest an armed loop waits for its signal
 FORWARDS_PER_SIGNAL = 2
@@ -70,7 +72,10 @@ def main() -> int:
     gc.collect()
     print(json.dumps({"received": received, "forwards": forwards, "before": before, "after": after,
                       "interrupted_forwards": h.interrupted_forwards, "hook_errors": h.hook_errors,
-                      "surviving_bytes": sum(h.surviving().values())}), flush=True)
+                      "surviving_bytes": sum(h.surviving().values()),
+                      # whether any SIGINT reached its Python handler (through the black box's note):
+                      # tells a signal the process never handled from a KeyboardInterrupt lost on its way
+                      "sigint_handled": signal.SIGINT in stop_signals._noted}), flush=True)
     return 0
 
 
