@@ -7,11 +7,12 @@ the child ends on SIGKILL at that batch and the cgroup's own ``oom_kill`` counte
 sent it. Two configurations, one child each:
 
 - **the shipped defaults** (``instrument(model)``: the overhead budget, glibc's own malloc policy)
-  at 1000 MiB: an answer within two minutes of traffic, the safe batch survives, a batch far past
-  the limit is not called fitting, and the kernel kills at most 2x the safe batch. glibc's heap keeps
-  what earlier forwards freed, and how much a large forward then needs depends on that history, so
-  the answer carries the largest overshoot seen and is often timid by more than 1.25x
-  (docs/capacity.md has the runs);
+  at 1000 MiB: an answer within two minutes of traffic; that batch runs, then the model is asked
+  again three times and each answer runs (a server's gate, its traffic at the batch called safe);
+  every batch called safe survives, a batch far past the limit is not called fitting, and the
+  kernel kills at most 2x the latest answer. glibc's heap keeps what earlier forwards freed, and how
+  much a large forward then needs depends on that history, so the answer carries the largest
+  overshoot seen and is sometimes timid by more than 1.25x (docs/capacity.md has the runs);
 - **the opt-in fixed mmap threshold** (``capacity.mmap_threshold: auto``, every forward attributed)
   at 700 MiB: the kill point is at most 1.25x past the safe batch (safe, not timid).
 
@@ -35,7 +36,7 @@ MIB = 1 << 20
 CHILD = (Path(__file__).parent / "support" / "oom_cgroup_child.py")
 # (configuration, cgroup limit MiB, the batches tried after the safe one, the kill point's bound):
 # safe batches of about 30 (defaults, 1000 MiB) and 40 (threshold, 700 MiB) at seq_len 512
-CASES = (("defaults", 1000, ("1.25x", "2x"), 2.0), ("threshold", 700, ("1.25x",), 1.25))
+CASES = (("defaults", 1000, ("again", "again", "again", "1.25x", "2x"), 2.0), ("threshold", 700, ("1.25x",), 1.25))
 LEARN_S = 120.0
 
 
@@ -91,12 +92,15 @@ def run_at(limit: int, n: int, mode: str, *then: str) -> dict:
                               preexec_fn=cg.enter, timeout=600)
         lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
         asked = next((x for x in lines if x["phase"] == "asked"), None)
+        answers = ([asked["safe"]] if asked else []) + [x["safe"] for x in lines if x["phase"] == "again"]
         ran = [x["batch"] for x in lines if x["phase"] == "ran"]
+        ran_safe = [x["batch"] for x in lines if x["phase"] == "ran" and x.get("called_safe")]
         trying = [x["batch"] for x in lines if x["phase"] == "trying"]
         oom = cg.oom_kills()
         killed_at = (trying[-1] if proc.returncode == -signal.SIGKILL and (oom or 0) >= 1 and trying
                      and trying[-1] not in ran else None)
-        return {"limit": limit, "returncode": proc.returncode, "asked": asked, "ran": ran, "killed_at": killed_at,
+        return {"limit": limit, "returncode": proc.returncode, "asked": asked, "answers": answers, "ran": ran,
+                "ran_safe": ran_safe, "killed_at": killed_at,
                 "oom_kills": oom, "stderr": proc.stderr[-2000:]}
     finally:
         cg.close()
@@ -126,14 +130,15 @@ def rows() -> list[tuple]:
         r = run_at(mib * MIB, n, mode, *then)
         asked = r["asked"]
         assert asked is not None, r["stderr"]
-        safe = asked["safe"]
-        assert safe, f"{mode}: no safe batch at {mib} MiB: {asked}"
-        survived = bool(r["ran"]) and r["ran"][0] == safe
+        assert asked["safe"], f"{mode}: no safe batch at {mib} MiB: {asked}"
+        # every batch an answer called safe ran; the kill is judged against the latest answer
+        survived = all(r["answers"]) and r["ran_safe"] == r["answers"]
+        safe = r["answers"][-1]
         kill_batch = r["killed_at"]
         if kill_batch is not None and os.environ.get("MEMPROF_TEST_OOM_BISECT"):
             kill_batch = _kill_point(mode, mib, 10 + n, max(b for b in r["ran"]), kill_batch)
         out.append((mode, mib, safe, survived, kill_batch, bound, r))
-        print(f"{mode}, limit {mib} MiB: safe {safe} after {asked['learnt_s']} s, {asked['forwards']} forwards "
+        print(f"{mode}, limit {mib} MiB: safe {r['answers']} after {asked['learnt_s']} s, {asked['forwards']} forwards "
               f"({asked['attributed']} attributed, {asked['shapes']} shapes; {asked['unit']}, gap ratio "
               f"{asked['gap_ratio']}, gap bytes {asked['gap_bytes']}, credit {asked['credit']}) survived={survived} "
               f"ran {r['ran']} killed at {kill_batch} ratio {kill_batch / safe if kill_batch else None}")
@@ -151,8 +156,8 @@ def test_the_shipped_defaults_answer_within_two_minutes_of_mixed_traffic(rows: l
 def test_the_batch_called_safe_survives_the_kernel_at_every_limit(rows: list[tuple]) -> None:
     for mode, mib, safe, survived, kill_batch, bound, r in rows:
         assert r["asked"]["unit"] == "process_resident"
-        assert survived, (f"{mode}, {mib} MiB: the safe batch {safe} was killed "
-                          f"({r['returncode']}, {r['stderr'][-300:]})")
+        assert survived, (f"{mode}, {mib} MiB: a batch called safe was killed: answers {r['answers']}, "
+                          f"ran {r['ran_safe']} ({r['returncode']}, {r['stderr'][-300:]})")
 
 
 def test_a_batch_far_past_the_limit_is_not_called_fitting(rows: list[tuple]) -> None:

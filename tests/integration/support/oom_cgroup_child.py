@@ -2,8 +2,10 @@
 encoder of its own (4 layers, 256 wide, 4 heads, eager attention: the scores are materialised),
 mixed traffic (25 shapes, batch 1-8 x seq_len 64-512, each pass in a new random order) until the
 capacity model names a safe batch at the long sequence length (at least one whole pass, at most
-LEARN_S seconds); then that batch, then the batches named on the command line (``1.25x``: that
-share of the safe batch, rounded down), which the parent expects the kernel to kill.
+LEARN_S seconds); then that batch, then what the command line names: ``again`` asks once more and runs the batch the
+answer names (a server whose gate asks before each request, its traffic at the largest batch
+called safe), ``1.25x`` that share of the latest safe batch (rounded down), which the parent
+expects the kernel to kill.
 
 The first argument is the configuration: ``defaults`` (``instrument(model)`` as shipped: the
 overhead budget, glibc's own malloc policy) or ``threshold`` (the opt-in ``capacity.mmap_threshold:
@@ -97,8 +99,20 @@ def main() -> None:
         if not safe:
             return
         model(torch.randint(0, VOCAB, (safe, LONG), generator=gen))
-        say(phase="ran", batch=safe)
+        say(phase="ran", batch=safe, called_safe=True)
         for arg in sys.argv[2:]:
+            if arg == "again":  # a server's gate: ask again after the traffic, run what it names
+                h.capacity.kernel.states(force=True)
+                h.capacity.model.states(force=True)
+                doc = h.headroom()
+                safe = doc["max_safe_batch"].get(str(LONG))
+                say(phase="again", safe=safe, gap_ratio=doc["gap_ratio"], credit=doc["reuse_credit_bytes"],
+                    in_use=doc["budget"]["in_use_bytes"])
+                if not safe:
+                    return
+                model(torch.randint(0, VOCAB, (safe, LONG), generator=gen))
+                say(phase="ran", batch=safe, called_safe=True)
+                continue
             b = int(safe * float(arg[:-1])) if arg.endswith("x") else int(arg)
             say(phase="trying", batch=b)
             model(torch.randint(0, VOCAB, (b, LONG), generator=gen))

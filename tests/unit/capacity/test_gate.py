@@ -3,12 +3,12 @@ shapes seen that say how far out they are and carry an error that grows with it,
 model with a batch, and a CLI whose exit status tells "cannot tell" from "fits"."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 import memprof_otel as mp
-from memprof_otel.capacity.memory_budget import MemoryBudget
+from memprof_otel.capacity.memory_budget import PROCESS_RESIDENT, MemoryBudget
 from memprof_otel.capacity.model import GROWTH_FLOOR, MemoryModel
 from memprof_otel.capacity.service import Capacity
 from memprof_otel.cli import main
@@ -319,3 +319,40 @@ def test_advice_notes_a_model_whose_calls_give_different_features() -> None:
     notes = [n for n in advisor.report().notes if n.startswith("model 'vision'")]
     assert len(notes) == 1 and "[batch, pixels] (1 forward)" in notes[0] and "[batch] (1 forward)" in notes[0]
     assert notes[0] in advisor.report("vision").notes
+
+
+class _Resident(NamedTuple):
+    """A forward's reading in the process's resident bytes, as ``kernel_reading.end`` gives it."""
+    peak_increase: int
+    retained: int = 0
+    unit: str = PROCESS_RESIDENT
+    level: int = 0
+
+
+def test_a_warm_heap_reading_of_a_larger_shape_never_lowers_the_allowance() -> None:
+    # GIVEN forwards whose resident rise was twice their tensors (a fresh heap's first touches)
+    cap = capacity()
+    mib = 1 << 20
+    for b in (4, 6, 8):
+        cap.observe({"batch": b, "seq_len": 512}, 8 * b * mib, 0, _Resident(16 * b * mib))
+    assert cap.gap_ratio() == 2.0
+    # WHEN forwards 5x larger are served from pages the heap kept: they rise by their tensors or less
+    cap.observe({"batch": 40, "seq_len": 512}, 8 * 40 * mib, 0, _Resident(8 * 40 * mib))
+    cap.observe({"batch": 36, "seq_len": 512}, 8 * 36 * mib, 0, _Resident(int(8.2 * 36 * mib)))
+    # THEN the ratio stays what the fresh heap showed (the quarter floor would leave those shapes out)
+    assert cap.gap_ratio() == 2.0
+    p = cap.predict({"batch": 40, "seq_len": 512})
+    assert p.gap_ratio == 2.0 and p.upper_bytes is not None and p.upper_bytes >= 2 * 8 * 40 * mib
+    # AND a larger forward that did need fresh pages (1.3x) is the heap's cost at that size again
+    cap.observe({"batch": 48, "seq_len": 512}, 8 * 48 * mib, 0, _Resident(int(10.4 * 48 * mib)))
+    assert cap.gap_ratio() == 1.3
+
+
+def test_where_every_shape_reads_warm_those_readings_answer() -> None:
+    # GIVEN a model whose every forward rose by its tensors (blocks mapped fresh, nothing reused)
+    cap = capacity()
+    mib = 1 << 20
+    for b in (4, 8, 16):
+        cap.observe({"batch": b, "seq_len": 512}, 8 * b * mib, 0, _Resident(int(8.1 * b * mib)))
+    # THEN they are the ratio, not "no reading yet"
+    assert cap.gap_ratio() == round(8.1 / 8, 4)
