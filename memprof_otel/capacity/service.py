@@ -155,9 +155,9 @@ class Capacity:
         than ``WARM_RATIO`` x its tensors was served from pages earlier forwards left resident, and
         says what they saved, not what fresh pages cost. Counted, such a shape lowered the ratio once
         it was the largest (the quarter floor then left out the shapes that showed the heap's cost):
-        measured in a 1000 MiB memory cgroup, a server running the batch each answer named had a
-        batch of 23 read at 1.0x, the ratio fell from 2.13 to 1.0, and the next answer, 42, was
-        OOM-killed. Where every shape read is warm (a model whose blocks are all mapped fresh), they
+        measured in a 1000 MiB memory cgroup, a server running the batch each answer named saw the
+        ratio fall from 1.91 to 1.0 once a batch of 25 had read so, and the next answer, 42, was
+        OOM-killed (docs/capacity.md). Where every shape read is warm (a model whose blocks are all mapped fresh), they
         answer."""
         both = self._both()
         fresh = [(t, k) for t, k in both if k > WARM_RATIO * t]
