@@ -74,6 +74,7 @@ class Capacity:
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
         # process's resident level it reached)
         self._top: tuple[float, int] | None = None
+        self._gap_high: float | None = None  # the largest allowance gap_ratio has given: never lowered
         self._shape_of = shape_of
         self.budgets = budgets or MemoryBudgetReader(config.margin_ratio, config.margin_bytes,
                                                limit_bytes=config.limit_bytes)
@@ -111,6 +112,7 @@ class Capacity:
         level = int(getattr(kernel, "level", 0) or 0)
         if kernel.unit == PROCESS_RESIDENT and level > 0 and (self._top is None or peak_increase >= self._top[0]):
             self._top = (float(peak_increase), level)
+        self.gap_ratio()  # the allowance as of this reading kept (gap_ratio never lowers it)
 
     def reuse_credit(self, scale: float) -> float:
         """Bytes the answer on CPU takes off ``scale`` x the tensor figure: what the largest forward
@@ -157,12 +159,17 @@ class Capacity:
         it was the largest (the quarter floor then left out the shapes that showed the heap's cost):
         measured in a 1000 MiB memory cgroup, a server running the batch each answer named saw the
         ratio fall from 1.91 to 1.0 once a batch of 25 had read so, and the next answer, 42, was
-        OOM-killed (docs/capacity.md). Where every shape read is warm (a model whose blocks are all mapped fresh), they
-        answer."""
+        OOM-killed (docs/capacity.md). Nor does a fresh reading of a larger shape lower it: one that
+        found part of what it needed resident reads a little over its tensors, and with the warm
+        shapes left out it was the allowance alone: in one run the answers went 32, 32, 32, then 44,
+        which the kernel killed. The allowance is the largest it has been. Where every shape read is
+        warm (a model whose blocks are all mapped fresh), they answer."""
         both = self._both()
         fresh = [(t, k) for t, k in both if k > WARM_RATIO * t]
         ratios = _ratios_over_floor(fresh) or _ratios_over_floor(both)
-        return round(max(ratios), 4) if ratios else None
+        if ratios and (self._gap_high is None or max(ratios) > self._gap_high):
+            self._gap_high = round(max(ratios), 4)
+        return self._gap_high
 
     def gap_bytes(self) -> int | None:
         """The largest excess, in bytes, of a shape's figure in its limit's units over its tensor
