@@ -74,7 +74,7 @@ class Capacity:
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
         # process's resident level it reached)
         self._top: tuple[float, int] | None = None
-        self._gap_high: float | None = None  # the largest allowance gap_ratio has given: never lowered
+        self._gap_high: float | None = None  # the largest allowance learnt (_learn_gap): never lowered
         self._shape_of = shape_of
         self.budgets = budgets or MemoryBudgetReader(config.margin_ratio, config.margin_bytes,
                                                limit_bytes=config.limit_bytes)
@@ -101,6 +101,7 @@ class Capacity:
         self.model.observe(features, peak_increase, retained)
         self._observed += 1
         if kernel is None:
+            self._learn_gap()  # a shape's tensor figure moves its ratio too
             return
         # never below the tensor figure: a forward served from pages the heap kept resident, or from
         # the CUDA allocator's cached segments, raised the kernel's count less than it needed; a
@@ -112,7 +113,7 @@ class Capacity:
         level = int(getattr(kernel, "level", 0) or 0)
         if kernel.unit == PROCESS_RESIDENT and level > 0 and (self._top is None or peak_increase >= self._top[0]):
             self._top = (float(peak_increase), level)
-        self.gap_ratio()  # the allowance as of this reading kept (gap_ratio never lowers it)
+        self._learn_gap()
 
     def reuse_credit(self, scale: float) -> float:
         """Bytes the answer on CPU takes off ``scale`` x the tensor figure: what the largest forward
@@ -164,12 +165,18 @@ class Capacity:
         shapes left out it was the allowance alone: in one run the answers went 32, 32, 32, then 44,
         which the kernel killed. The allowance is the largest it has been. Where every shape read is
         warm (a model whose blocks are all mapped fresh), they answer."""
+        return self._gap_high
+
+    def _learn_gap(self) -> None:
+        """The allowance raised to what the shapes read both ways show now. Run after each forward
+        observed, the only time they change, so the answers' threads only read it."""
         both = self._both()
         fresh = [(t, k) for t, k in both if k > WARM_RATIO * t]
         ratios = _ratios_over_floor(fresh) or _ratios_over_floor(both)
-        if ratios and (self._gap_high is None or max(ratios) > self._gap_high):
-            self._gap_high = round(max(ratios), 4)
-        return self._gap_high
+        if ratios:
+            top = round(max(ratios), 4)
+            if self._gap_high is None or top > self._gap_high:
+                self._gap_high = top
 
     def gap_bytes(self) -> int | None:
         """The largest excess, in bytes, of a shape's figure in its limit's units over its tensor

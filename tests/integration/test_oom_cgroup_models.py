@@ -11,7 +11,8 @@ come within two minutes, and a batch far past the limit must not be called fitti
 defaults the answer is timid (glibc's heap keeps what earlier forwards freed, and the allowance
 covers the worst rise seen): in the runs here the kill came at 1.24x the latest answer for the ViT
 and at 2x for the GPT-2's prompts (3x-4x the first answer, before the traffic at it), so the test
-asks only that it come by 8x (the table is not absurdly timid); the 1.25x that the fixed mmap threshold reaches is test_oom_cgroup.py's."""
+asks only that it come by 8x (the table is not absurdly timid); the 1.25x that the fixed mmap
+threshold reaches is test_oom_cgroup.py's."""
 from __future__ import annotations
 
 import json

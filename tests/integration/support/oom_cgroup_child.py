@@ -2,10 +2,10 @@
 encoder of its own (4 layers, 256 wide, 4 heads, eager attention: the scores are materialised),
 mixed traffic (25 shapes, batch 1-8 x seq_len 64-512, each pass in a new random order) until the
 capacity model names a safe batch at the long sequence length (at least one whole pass, at most
-LEARN_S seconds); then that batch, then what the command line names: ``again`` asks once more and runs the batch the
-answer names (a server whose gate asks before each request, its traffic at the largest batch
-called safe), ``1.25x`` that share of the latest safe batch (rounded down), which the parent
-expects the kernel to kill.
+LEARN_S seconds); then that batch, then what the command line names: ``again`` asks once more
+and runs the batch the answer names (a server whose gate asks before each request, its traffic at
+the largest batch called safe), ``1.25x`` that share of the latest safe batch (rounded down),
+which the parent expects the kernel to kill.
 
 The first argument is the configuration: ``defaults`` (``instrument(model)`` as shipped: the
 overhead budget, glibc's own malloc policy) or ``threshold`` (the opt-in ``capacity.mmap_threshold:

@@ -3,7 +3,9 @@ defaults (``instrument(model)``): a GPT-2 (4 layers, 256 wide) served only throu
 (prompts of batch 1-8 x 32-256 tokens, 4 new tokens each) or a ViT (4 layers, 256 wide, eager
 attention, 224 px) on batches of 1-16 images. Traffic in random order, a pass at a time, until the
 max-safe-batch table answers (at the longest prompt for GPT-2; at most 120 s); then that batch,
-asked again three times (each answer run, as a server's gate would), then 1.25x, 2x, 3x, 4x, 6x and 8x the latest answer until the kernel kills it. One JSON record per line on stdout, flushed, so the parent knows how far it got."""
+asked again three times (each answer run, as a server's gate would), then 1.25x, 2x, 3x, 4x, 6x
+and 8x the latest answer until the kernel kills it. One JSON record per line on stdout, flushed,
+so the parent knows how far it got."""
 import json, random, sys, time
 import torch
 import memprof_otel as mp
