@@ -72,8 +72,8 @@ class Capacity:
         self._both_cache: tuple[int, list[tuple[float, float]]] = (-1, [])
         self._logits_cache: tuple[int, int | None] = (-1, None)
         # the CPU forward with the largest tensor figure read in resident bytes: (tensor figure, the
-        # process's resident level it reached)
-        self._top: tuple[float, int] | None = None
+        # process's resident level it reached, the rise that took it there)
+        self._top: tuple[float, int, int] | None = None
         self._gap_high: float | None = None  # the largest allowance learnt (_learn_gap): never lowered
         self._shape_of = shape_of
         self.budgets = budgets or MemoryBudgetReader(config.margin_ratio, config.margin_bytes,
@@ -112,18 +112,20 @@ class Capacity:
         self.kernel_readings += 1
         level = int(getattr(kernel, "level", 0) or 0)
         if kernel.unit == PROCESS_RESIDENT and level > 0 and (self._top is None or peak_increase >= self._top[0]):
-            self._top = (float(peak_increase), level)
+            self._top = (float(peak_increase), level, max(0, int(kernel.peak_increase)))
         self._learn_gap()
 
     def reuse_credit(self, scale: float) -> float:
-        """Bytes the answer on CPU takes off ``scale`` x the tensor figure: what the largest forward
-        seen found resident already. Its tensors at ``scale`` would have raised the process to
-        ``rss_now + scale x tensor``; it reached ``level``; a larger forward reuses the same pages
-        (the heap keeps them) and needs fresh ones only for what it adds. Counting them in the
-        budget's in-use (they are resident) *and* in the forward's figure counted them twice:
-        measured under a 700 MiB memory cgroup, a forward predicted at 235 MB raised the resident
-        peak 134 MB. Never a penalty (0 where the process is now smaller than when it reached the
-        level, or no such forward was read), and only where the budget's in-use is read now."""
+        """Bytes the answer on CPU takes off ``scale`` x the tensor figure: the pages the largest
+        forward seen brought in and the process still holds (its rise, less what it has released
+        since it reached ``level``). The heap keeps them and a larger forward reuses them; counting
+        them in the budget's in-use (they are resident) *and* in the forward's figure counted them
+        twice: measured under a 700 MiB memory cgroup, a forward predicted at 235 MB raised the
+        resident peak 134 MB. The rise, not ``scale`` x its tensors: a forward that rose less than
+        the allowance has no such pages to give back, and crediting the difference raised a ViT's
+        next answer 1.34x past the batch just run, which the kernel killed (docs/capacity.md).
+        Never a penalty (0 where the process is now smaller than when that forward started, or no
+        such forward was read), and only where the budget's in-use is read now."""
         if self._top is None:
             return 0.0
         if registry.process() is None:  # no process source: the budget's in-use is not read either
@@ -132,8 +134,8 @@ class Capacity:
         if rss is None:
             return 0.0
         rss -= process_hwm.shared().in_flight_excess(rss)
-        tensor, level = self._top
-        return max(0.0, scale * tensor - max(0, level - rss))
+        tensor, level, rise = self._top
+        return max(0.0, min(scale * tensor, rise) - max(0, level - rss))
 
     # ---- which figures answer ------------------------------------------------------------------
     def _both(self) -> list[tuple[float, float]]:

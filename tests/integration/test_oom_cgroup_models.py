@@ -8,11 +8,11 @@ times and runs each answer (a server's gate, its traffic at the batch called saf
 The references are the kernel's: the child's exit status (SIGKILL) at the batch it was running,
 and the cgroup's own ``oom_kill`` counter. Every batch called safe must survive, an answer must
 come within two minutes, and a batch far past the limit must not be called fitting. Under the
-defaults the answer is timid (glibc's heap keeps what earlier forwards freed, and the allowance
-covers the worst rise seen): in the runs here the kill came at 1.24x the latest answer for the ViT
-and at 2x for the GPT-2's prompts (3x-4x the first answer, before the traffic at it), so the test
-asks only that it come by 8x (the table is not absurdly timid); the 1.25x that the fixed mmap
-threshold reaches is test_oom_cgroup.py's."""
+defaults the answer is timid (glibc's heap keeps what earlier forwards freed, the allowance covers
+the worst rise seen and is never lowered, and only the pages the largest forward left resident are
+credited): in the runs in docs/capacity.md the kill came at 1.25x-4x the latest answer for the ViT
+and at 3x-6x for the GPT-2's prompts, so the test asks only that it come by 8x (the table is not
+absurdly timid); the 1.25x that the fixed mmap threshold reaches is test_oom_cgroup.py's."""
 from __future__ import annotations
 
 import json

@@ -359,3 +359,32 @@ def test_where_every_shape_reads_warm_those_readings_answer() -> None:
         cap.observe({"batch": b, "seq_len": 512}, 8 * b * mib, 0, _Resident(int(8.1 * b * mib)))
     # THEN they are the ratio, not "no reading yet"
     assert cap.gap_ratio() == round(8.1 / 8, 4)
+
+
+def test_the_reuse_credit_is_the_pages_the_largest_forward_left_resident(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memprof_otel.capacity import service
+    mib = 1 << 20
+    rss = {"now": 0}
+    monkeypatch.setattr(service.registry, "process", lambda: object())
+    monkeypatch.setattr(service, "resident_now", lambda: rss["now"])
+    # GIVEN a small forward whose rise was 2.5x its tensors (the allowance), then the largest forward:
+    # 100 MiB of tensors that raised the process from 400 to 550 MiB (1.5x, part of it found resident)
+    cap = capacity()
+    cap.observe({"batch": 30, "seq_len": 512}, 30 * mib, 0, _Resident(75 * mib, level=475 * mib))
+    cap.observe({"batch": 100, "seq_len": 512}, 100 * mib, 0, _Resident(150 * mib, level=550 * mib))
+    assert cap.gap_ratio() == 2.5
+    # WHEN the process has kept 100 MiB of what that forward brought in (500 MiB resident now)
+    rss["now"] = 500 * mib
+    # THEN the credit is those 100 MiB: not the allowance's 250 MiB less what was released (200 MiB),
+    # which counted pages the forward never had as found again (measured: a ViT's next answer was 1.34x
+    # the batch it had just run, and the kernel killed it)
+    assert cap.reuse_credit(2.5) == 100 * mib
+    a = cap.answering("prefill", "cpu")
+    assert (a.scale, a.extra) == (2.5, -100 * mib)
+    # AND it is no more than what is resident above the forward's start, and never a penalty
+    rss["now"] = 420 * mib
+    assert cap.reuse_credit(2.5) == 20 * mib
+    rss["now"] = 300 * mib
+    assert cap.reuse_credit(2.5) == 0
+    # AND a forward whose rise was under its allowance's share is credited its own rise at most
+    assert cap.reuse_credit(1.0) <= 100 * mib
