@@ -201,7 +201,7 @@ def test_every_ctrl_c_during_attributed_forwards_reaches_the_caller(tmp_path):
             proc.kill()
             proc.wait()
     stderr = stderr_path.read_text(errors="replace")
-    assert report["received"] == sent, (report["forwards"], report["sigint_handled"], report["hook_errors"],
+    assert report["received"] == sent, (report["forwards"], report["sigint_handled"], report["signal_state"], report["hook_errors"],
                                         report["interrupted_forwards"], stderr[-3000:])
     assert sent == CTRL_C_SIGNALS
     assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr[-3000:]

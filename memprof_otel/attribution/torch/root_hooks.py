@@ -6,6 +6,8 @@ Each only forwards to the handle (``TorchInstrumentation._on_pre``, ``_on_post``
 """
 from __future__ import annotations
 
+import _thread
+import threading
 from typing import Any, Callable, Protocol
 
 from torch import nn
@@ -133,8 +135,29 @@ class ReleaseWatch:
         try:
             h, ident, state = self.owner
             h._args_released(ident, state)
+        except KeyboardInterrupt:
+            _interrupt_again()
         except BaseException:  # noqa: BLE001 - nothing may escape a finalizer
             pass
+
+
+# how long after a finalizer swallowed a Ctrl-C the main thread gets it again: long enough for the
+# finalizer to have returned (its own next bytecode would run the handler inside it again)
+INTERRUPT_AGAIN_S = 0.02
+
+
+def _interrupt_again() -> None:
+    """A Ctrl-C whose handler ran inside ``ReleaseWatch.__del__`` (the garbage collector runs it in
+    the middle of any later forward, in the main thread): nothing may leave a finalizer, so CPython
+    drops it. It is sent again to the main thread from a short-lived thread, once the finalizer has
+    returned; ``_thread.interrupt_main`` called here would have its handler run before the
+    finalizer's next bytecode, inside it, and be dropped again."""
+    try:
+        t = threading.Timer(INTERRUPT_AGAIN_S, _thread.interrupt_main)
+        t.daemon = True
+        t.start()
+    except RuntimeError:  # no new thread at interpreter shutdown: the process is ending anyway
+        pass
 
 
 class DisarmedWatch:

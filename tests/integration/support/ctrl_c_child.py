@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import signal
 import sys
 import time
@@ -41,6 +42,26 @@ def _figures(h: mp.Instrumentation, model: nn.Module, x: torch.Tensor) -> dict[s
     h.reset_stats()
     model(x)
     return {k: [v.calls, v.peak_increase, v.retained] for k, v in sorted(h.layer_stats().items())}
+
+
+def _signal_state() -> dict[str, object]:
+    """Where a lost signal went: whether SIGINT's handler is the black box's noting wrapper (without
+    it ``sigint_handled`` says nothing), and the kernel's view of the signal masks (a SIGINT blocked
+    in every thread stays pending: SigPnd/ShdPnd)."""
+    real = stop_signals._real_getsignal or signal.getsignal
+    state: dict[str, object] = {"wrapped": isinstance(real(signal.SIGINT), stop_signals.NotedHandler)}
+    try:
+        with open("/proc/self/status") as f:
+            state.update(l.split(":", 1)[0:2] for l in f if l.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+        state["threads_blocking"] = []
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/status") as f:
+                blk = next((l.split()[1] for l in f if l.startswith("SigBlk")), "0")
+            if int(blk, 16) & (1 << (signal.SIGINT - 1)):
+                state["threads_blocking"].append(tid)  # type: ignore[union-attr]
+    except OSError as e:
+        state["proc"] = str(e)
+    return {k: v.strip() if isinstance(v, str) else v for k, v in state.items()}
 
 
 def main() -> int:
@@ -75,7 +96,8 @@ def main() -> int:
                       "surviving_bytes": sum(h.surviving().values()),
                       # whether any SIGINT reached its Python handler (through the black box's note):
                       # tells a signal the process never handled from a KeyboardInterrupt lost on its way
-                      "sigint_handled": signal.SIGINT in stop_signals._noted}), flush=True)
+                      "sigint_handled": signal.SIGINT in stop_signals._noted, "signal_state": _signal_state()}),
+          flush=True)
     return 0
 
 

@@ -1,0 +1,48 @@
+"""The finalizer that closes a forward a BaseException abandoned runs wherever the garbage collector
+frees the forward's args, in the middle of any later forward: a Ctrl-C whose handler runs inside it
+must still reach the caller, not be dropped with the finalizer's exception."""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+import pytest
+
+from memprof_otel.attribution.torch.root_hooks import ReleaseWatch
+
+
+class _Owner:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.released = 0
+
+    def _args_released(self, ident: int, state: Any) -> None:
+        self.released += 1
+        raise self.exc
+
+
+def _spin(seconds: float = 2.0) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # bytecode boundaries, where a pending Python signal handler runs
+        time.sleep(0.001)
+
+
+def test_a_ctrl_c_inside_the_finalizer_is_raised_again_in_the_caller() -> None:
+    owner = _Owner(KeyboardInterrupt())
+    watch = ReleaseWatch(owner, 1, None)  # type: ignore[arg-type]
+    # WHEN the finalizer's call raises KeyboardInterrupt (the SIGINT handler ran inside it)
+    with pytest.raises(KeyboardInterrupt):
+        del watch
+        gc.collect()
+        _spin()
+    # THEN the caller got it, after the finalizer had run
+    assert owner.released == 1
+
+
+def test_any_other_error_inside_the_finalizer_stays_there() -> None:
+    owner = _Owner(RuntimeError("a handle torn down"))
+    watch = ReleaseWatch(owner, 1, None)  # type: ignore[arg-type]
+    del watch
+    _spin(0.2)  # no KeyboardInterrupt comes
+    assert owner.released == 1
