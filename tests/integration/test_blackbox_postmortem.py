@@ -186,6 +186,8 @@ def test_a_sigkilled_and_an_oom_killed_process_are_named_by_the_next_one(tmp_pat
 
     for reason in ("killed", "oom_kill"):
         assert re.search(rf'^memprof_postmortems_total{{reason="{reason}"}} 1\.0$', metrics, re.M), reason
-    assert sorted(d["kind"] for d in dumps if d["kind"] == "postmortem") == ["postmortem", "postmortem"]
+    # each post-mortem's dump is listed (the ids, for the log of a failing run)
+    assert sorted(d["kind"] for d in dumps if d["kind"] == "postmortem") == ["postmortem", "postmortem"], (
+        [(pm["pid"], pm.get("dump_id")) for pm in doc["postmortems"]], dumps, doc.get("scanning"))
     # claimed and removed; the reader's own file went with its clean shutdown
     assert list(folder.glob("*.mpbb")) == []
