@@ -285,15 +285,18 @@ class Runtime:
                             count_error=self.counters.count_export_error)
         sampler.add_listener(watchdog.on_sample)
         snapshots = self._start_snapshots(cfg, sampler)
+        if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
+            mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
+        sampler.add_listener(self.blackbox.on_sample)
+        self._started = Started(cfg, sampler, leaks, watchdog, snapshots, time.time())
+        # after the config is in force: the black box's scan stores the post-mortems it files as
+        # dumps at once, in the folder of the service the config names; before, that was the
+        # unnamed default's folder, and a busy machine's scan filed one of two there
         service = _service_name_of(cfg)
         self.blackbox.start(cfg.blackbox, service, cfg.sampler.interval)
         if not cfg.dumps.dir:  # the per-process dump folders of this service's gone processes, by the same retention
             threading.Thread(target=sweep_gone, args=(service, cfg.blackbox.keep, cfg.blackbox.keep_for,
                                                       process_alive), name="memprof-dump-sweep", daemon=True).start()
-        if cfg.capacity.enabled:  # before the forwards the capacity answers are about (sources/mmap_threshold.py)
-            mmap_threshold.apply_configured(cfg.capacity.mmap_threshold, cfg.capacity.limit_bytes)
-        sampler.add_listener(self.blackbox.on_sample)
-        self._started = Started(cfg, sampler, leaks, watchdog, snapshots, time.time())
         sampler.start()
         if not self._started_once:
             # after sampler.start(): the sampler's own at-fork hook is registered by then, so in a
