@@ -68,6 +68,7 @@ import memprof_otel as mp  # noqa: E402
 from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader  # noqa: E402
 from memprof_otel.capacity.fit import SplitFit  # noqa: E402
 from memprof_otel.capacity.model import MemoryModel  # noqa: E402
+from memprof_otel.sources import in_flight_levels  # noqa: E402
 
 from . import overhead  # noqa: E402
 from ._paired import PairedResult, paired  # noqa: E402
@@ -242,6 +243,11 @@ def part_questions(quick: bool) -> list[dict[str, Any]]:
         h.fits(batch=4, seq_len=96)  # the cache warm
         results.append(_q_row("h.fits(batch=4, seq_len=96)",
                               _per_call_ns(lambda: h.fits(batch=4, seq_len=96), n, 10), answer=fits_ans, **info))
+        # a gate's own pattern: one forward between two asks, so the budget is read again each time
+        # (a reading holds only while no forward began or ended: capacity/memory_budget_reader.py)
+        results.append(_q_row("h.fits(batch=4, seq_len=96) [a forward since the last ask]",
+                              _per_call_ns(lambda: (in_flight_levels.forward_event(), h.fits(batch=4, seq_len=96)),
+                                           n // 10, 10), **info))
         results.append(_q_row("h.predict_peak(batch=4, seq_len=96)",
                               _per_call_ns(lambda: h.predict_peak(batch=4, seq_len=96), n, 10), **info))
         results.append(_q_row("h.headroom(batch=4, seq_len=96)",

@@ -12,6 +12,8 @@ from __future__ import annotations
 import itertools
 import threading
 
+from ..sources.in_flight_levels import forward_event
+
 _get_ident = threading.get_ident
 _current_thread = threading.current_thread
 
@@ -33,6 +35,7 @@ class OpenForwards:
         entry = self._threads.get(ident)
         # an entry of an ended thread whose ident this one reuses is not this thread's
         self._threads[ident] = (me, entry[1] + 1 if entry is not None and entry[0] is me else 1)
+        forward_event()  # what this process holds may move from here: a budget read before is stale
         return next(self._openings)
 
     def another_thread_open(self) -> bool:
@@ -43,6 +46,7 @@ class OpenForwards:
 
     def close(self) -> None:
         """Record this thread's innermost forward as closed."""
+        forward_event()
         ident = _get_ident()
         entry = self._threads.pop(ident, None)
         if entry is not None and entry[1] > 1:  # an outer forward (another model's) is still open here

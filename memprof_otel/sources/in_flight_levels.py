@@ -10,9 +10,15 @@ budget can count the level between forwards instead.
 
 A start whose forward never ended (a thread abandoned it) is forgotten after ``STALE_S``; a
 forked child starts with none (its parent's forwards are not its own).
+
+Every instrumented forward, plain ones included, also counts its start and its end here
+(``forward_event``): a budget read before a forward began or ended is not the level after it (the
+forward may have kept hundreds of MiB the heap did not give back, or given back what it held), so
+the budget reader's brief cache holds only while this count stands still.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -68,6 +74,21 @@ class InFlightLevels:
 
 
 _SHARED = InFlightLevels()
+_events = itertools.count(1)
+_epoch = 0
+
+
+def forward_event() -> None:
+    """A forward began or ended (any thread, any model; on its root hook). No lock: ``next()`` on
+    a count is one C call, so every value stored is new, and a reader that compares ``epoch()``
+    with a value it saw earlier sees any store since, in whatever order two threads made theirs."""
+    global _epoch
+    _epoch = next(_events)
+
+
+def epoch() -> int:
+    """The count of forward starts and ends so far in this process."""
+    return _epoch
 
 
 def shared() -> InFlightLevels:
@@ -75,4 +96,4 @@ def shared() -> InFlightLevels:
     return _SHARED
 
 
-__all__ = ["InFlightLevels", "shared"]
+__all__ = ["epoch", "forward_event", "InFlightLevels", "shared"]

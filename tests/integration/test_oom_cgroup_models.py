@@ -47,8 +47,11 @@ def test_the_table_on_the_defaults_is_safe_under_the_kernel_for_generate_and_pix
     finally:
         cgroup_truth.remove_dir(cg)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    # how the child ended, for every message below: a batch called safe that did not survive must
+    # say whether the kernel killed it (the records carry what each answer rested on)
+    ended = f"exit {proc.returncode}, {kills} OOM kill(s), stderr: {proc.stderr[-1500:]}"
     asked = next((r for r in records if r["phase"] == "asked"), None)
-    assert asked is not None, proc.stderr[-3000:]
+    assert asked is not None, ended
     # THEN an answer came within two minutes, and a batch far past the limit is not called fitting
     assert asked["safe"], asked
     assert asked["learnt_s"] < 120 and asked["fits_far"] is False, asked
@@ -60,7 +63,7 @@ def test_the_table_on_the_defaults_is_safe_under_the_kernel_for_generate_and_pix
     safe = answers[-1]
     # AND every batch an answer called safe survived (the first, then each asked again after the
     # traffic, as a gate asks); the kernel's OOM killer ended the child at a larger one, by 8x
-    assert all(answers) and [r["batch"] for r in records if r.get("called_safe")] == answers, records
-    assert proc.returncode == -signal.SIGKILL and kills >= 1, (proc.returncode, kills, records)
+    assert all(answers) and [r["batch"] for r in records if r.get("called_safe")] == answers, (records, ended)
+    assert proc.returncode == -signal.SIGKILL and kills >= 1, (records, ended)
     assert safe < tried[-1] <= 8 * safe and tried[-1] not in ran, records
     print(f"{kind}: safe {answers}, killed at {tried[-1]} ({tried[-1] / safe:.2f}x), answer after {asked['learnt_s']} s")

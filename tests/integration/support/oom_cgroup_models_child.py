@@ -16,6 +16,14 @@ AGAIN = 3  # answers asked again after the first, each run as the batch it names
 def say(**kw):
     sys.stdout.write(json.dumps(kw, default=str) + "\n"); sys.stdout.flush()
 
+def figures(doc):
+    """What an answer rested on, for the parent's messages: the budget's in-use and available bytes,
+    the allowance and the reuse credit, and the process's resident memory now (MiB)."""
+    b = doc.get("budget") or {}
+    rss = next((int(l.split()[1]) >> 10 for l in open("/proc/self/status") if l.startswith("VmRSS:")), None)
+    return {"in_use_mib": (b.get("in_use_bytes") or 0) >> 20, "available_mib": (b.get("available_bytes") or 0) >> 20,
+            "gap_ratio": doc.get("gap_ratio"), "credit_mib": (doc.get("reuse_credit_bytes") or 0) >> 20, "rss_mib": rss}
+
 def main():
     kind = sys.argv[1]
     torch.manual_seed(0)
@@ -51,15 +59,16 @@ def main():
         doc = h.headroom()
         say(phase="asked", safe=safe, learnt_s=round(time.monotonic()-t0, 1), calls=n, msb=doc.get("max_safe_batch"),
             reason=doc.get("max_safe_batch_reason"), table_call=doc.get("table_call"), budget=doc["budget"]["available_bytes"],
-            fits_far=h.fits(batch=2000, **({"seq_len": LONG} if LONG else {})))
+            fits_far=h.fits(batch=2000, **({"seq_len": LONG} if LONG else {})), **figures(doc))
         if not safe:
             return
         run(safe, LONG); say(phase="ran", batch=safe, called_safe=True)
         for _ in range(AGAIN):  # a server's gate: ask again after the traffic, run what it names
             h.capacity.kernel.states(force=True); h.capacity.model.states(force=True)
-            msb = h.headroom().get("max_safe_batch") or {}
+            doc = h.headroom()
+            msb = doc.get("max_safe_batch") or {}
             safe = msb.get(str(LONG)) if LONG else (msb.get("any") or next(iter(msb.values()), None))
-            say(phase="again", safe=safe)
+            say(phase="again", safe=safe, **figures(doc))
             if not safe:
                 return
             run(safe, LONG); say(phase="ran", batch=safe, called_safe=True)

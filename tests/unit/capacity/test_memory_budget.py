@@ -1,7 +1,9 @@
-"""Which limit applies and what is available under it: plain arithmetic on given readings."""
+"""Which limit applies and what is available under it: plain arithmetic on given readings, and
+when the reader reads them again."""
 from __future__ import annotations
 
-from memprof_otel.capacity.memory_budget import cuda_budget, host_budget, tighter
+from memprof_otel.capacity.memory_budget import MemoryBudget, cuda_budget, host_budget, tighter
+from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 
 GiB = 1 << 30
 
@@ -37,3 +39,46 @@ def test_a_configured_limit_applies_only_when_it_is_tighter():
     assert tighter(detected, 100 * GiB, 2 * GiB, 0.0, 0) is detected
     assert tighter(None, 8 * GiB, 2 * GiB, 0.0, 0).limit == "configured"
     assert tighter(detected, None, 2 * GiB, 0.0, 0) is detected
+
+
+class _ScriptedReader(MemoryBudgetReader):
+    """The reader with its reads scripted: each device read returns the next in-use figure, and
+    this process's own in-use is what ``own`` holds now."""
+
+    def __init__(self, in_use: list[int], own: list[int], forwards: list[int], clock: list[float]) -> None:
+        super().__init__(0.0, 0, ttl_s=0.25, clock=lambda: clock[0], forwards=lambda: forwards[0])
+        self.in_use, self.own = in_use, own
+        self.reads = self.own_reads = 0
+
+    def _read(self, device: str) -> tuple[MemoryBudget | None, str | None]:
+        self.reads += 1
+        return host_budget(1 << 30, self.in_use[self.reads - 1], 4 << 30, 3 << 30, 0.0, 0), None
+
+    def _process_in_use(self, device: str) -> int | None:
+        self.own_reads += 1
+        return self.own[0]
+
+
+MIB = 1 << 20
+
+
+def test_a_cached_budget_counts_what_this_process_did_since_a_forward_began_or_ended() -> None:
+    forwards, clock, own = [7], [100.0], [100 * MIB]
+    reader = _ScriptedReader([200 * MIB, 650 * MIB], own, forwards, clock)
+    first, _ = reader.read("cpu")
+    assert first is not None and first.in_use_bytes == 200 * MIB
+    clock[0] += 0.1
+    own_reads = reader.own_reads
+    # no forward since, within the TTL: the reading as it was, nothing read
+    assert reader.read("cpu")[0] == first and (reader.reads, reader.own_reads) == (1, own_reads)
+    # a forward began and ended, keeping 80 MiB (what a heap does not give back): the cached
+    # reading moves by this process's own in-use since, without reading the device again
+    forwards[0] = 9
+    own[0] = 180 * MIB
+    moved, _ = reader.read("cpu")
+    assert moved is not None and moved.in_use_bytes == 280 * MIB and reader.reads == 1
+    assert moved.available_bytes == first.available_bytes - 80 * MIB
+    own[0] = 60 * MIB  # the next one gave back more than it kept: the figure falls as well
+    assert reader.read("cpu")[0].in_use_bytes == 160 * MIB
+    clock[0] += 0.3  # past the TTL: the device is read again
+    assert reader.read("cpu")[0].in_use_bytes == 650 * MIB and reader.reads == 2
