@@ -4,7 +4,7 @@ not a request's. What this process holds moves with its own forwards: once a for
 ended since the reading (``in_flight_levels.epoch``), the cached in-use figure is moved by what this
 process's own in-use did since (its resident size between forwards on CPU, the allocator's allocated
 bytes on CUDA: one cheap read), rather than served as it was. A reading taken before a forward
-ended (by the sampler, a scrape, the gate's last ask) is not the level after it: measured under a
+ended (a scrape, an OTel collection or a watchdog tick, the gate's last ask) is not the level after it: measured under a
 memory cgroup (a GPT-2 serving generate() prompts, asked just after each batch it named), a cached
 reading was 67 and 425 MiB off a fresh one.
 """
