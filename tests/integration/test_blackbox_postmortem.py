@@ -81,12 +81,16 @@ def _check_flight(pm: dict) -> None:
 def _figures_by_hand(pm: dict) -> dict:
     """The cause's figures computed here from the record's own ticks: what was held when the forward
     in flight began (the resident size read at its start, else at the last tick between forwards
-    before it), in the cgroup's terms (plus its working set less the resident size at the last tick
-    before the start), the C heap's growth since that tick, resident memory outside the heap."""
+    before it), in the cgroup's terms (plus its working set less the resident size: their median
+    difference over the last 15 ticks before the start), the C heap's growth since that tick,
+    resident memory outside the heap."""
     samples, flight = pm["samples"], pm["in_flight"][0]
     before = [s for s in samples if s["t"] <= flight["started_unix"]] or samples[:1]
     idle = [s for s in before if s.get("busy", 0) == 0]
     last = samples[-1]
+    gaps = sorted(s["container"]["memory_working_set_bytes"] - s["process"]["resident_memory_bytes"]
+                  for s in before[-15:] if "memory_working_set_bytes" in (s.get("container") or {}))
+    gap = gaps[len(gaps) // 2] if gaps else None
 
     def heap(s: dict) -> int | None:
         return (s.get("allocators") or {}).get("cpu", {}).get("allocated_bytes")
@@ -94,15 +98,13 @@ def _figures_by_hand(pm: dict) -> dict:
     rss1 = last["process"]["resident_memory_bytes"]
     if not idle:  # every tick fell inside a forward: the level read at the start alone
         level = flight["start_resident_bytes"]
-        ws = (before[-1].get("container") or {}).get("memory_working_set_bytes")
-        static = level if ws is None else max(0, level + ws - before[-1]["process"]["resident_memory_bytes"])
+        static = level if gap is None else max(0, level + gap)
         return {"static_bytes": int(static), "room_bytes": int(LIMIT - static), "request_rise_bytes": int(rss1 - level)}
     start = idle[-1]
     rss0 = start["process"]["resident_memory_bytes"]
     static = flight.get("start_resident_bytes", rss0)
-    ws = (before[-1].get("container") or {}).get("memory_working_set_bytes")
-    if ws is not None:
-        static = max(0, static + ws - before[-1]["process"]["resident_memory_bytes"])
+    if gap is not None:
+        static = max(0, static + gap)
     out = {"static_bytes": int(static), "room_bytes": int(LIMIT - static)}
     if heap(start) is not None and heap(last) is not None:
         out["request_rise_bytes"] = int(heap(last) - heap(start))

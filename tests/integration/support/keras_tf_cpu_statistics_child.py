@@ -4,7 +4,8 @@ as the test sets it. ``argv[1]`` says in which order things happen:
 - ``probe``: TensorFlow alone, its first op, then whether its CPU allocator keeps statistics: what this
   CPU's default is (no memprof_otel imported).
 - ``import_first``: ``import memprof_otel``, then a Keras model is built and instrumented.
-- ``tf_first``: TensorFlow runs its first op (its CPU device is created), then memprof_otel is imported.
+- ``tf_first``: TensorFlow runs its first op (its CPU device is created) and is asked what ``probe``
+  asks, then memprof_otel is imported.
 
 Prints one ``RESULT <json>`` line; nothing here decides pass or fail.
 """
@@ -20,7 +21,7 @@ os.environ["KERAS_BACKEND"] = "tensorflow"
 
 def _probe() -> dict[str, object]:
     import tensorflow as tf
-    tf.zeros((4, 4)).numpy()
+    tf.zeros((4, 4)).numpy()  # TensorFlow creates its CPU device now
     try:
         tf.config.experimental.get_memory_info("CPU:0")
         return {"default_keeps_statistics": True}
@@ -36,9 +37,9 @@ def _instrumented(order: str) -> dict[str, object]:
             records.append(record.getMessage())
 
     logging.getLogger().addHandler(Keep())
-    if order == "tf_first":
-        import tensorflow as tf
-        tf.zeros((4, 4)).numpy()  # TensorFlow creates its CPU device now
+    # TensorFlow first: its default as the probe finds it (a query: it changes nothing), in the same
+    # process, which saves the probe a TensorFlow start of its own
+    probed = _probe() if order == "tf_first" else {}
     import memprof_otel as mp
     import keras
     import numpy as np
@@ -55,7 +56,7 @@ def _instrumented(order: str) -> dict[str, object]:
            "forwards": h.status()["forwards"],
            "stats": {k: {"peak_increase": v.peak_increase, "retained": v.retained, "calls": v.calls}
                      for k, v in h.layer_stats().items()},
-           "warnings": [r for r in records if "memprof_otel" in r]}
+           "warnings": [r for r in records if "memprof_otel" in r], **probed}
     h.uninstrument()
     return out
 

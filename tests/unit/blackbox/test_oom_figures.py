@@ -96,3 +96,19 @@ def test_a_leak_the_detector_suspected_that_took_the_room():
     # a damaged suspect is left out, never a crash
     samples[-1]["leak"] = {"source": "process"}
     assert cause_of(contents(samples, [FLIGHT]), "oom_kill", LIMIT).figures.leak is None
+
+
+def test_a_tick_whose_two_readings_straddled_an_allocation_does_not_move_the_cgroup_figure():
+    # GIVEN back-to-back forwards (every tick busy) in a cgroup that charges 100 MiB of this
+    # process's resident file pages elsewhere, and a last tick before the start whose working set
+    # was read 60 MiB of allocation after its resident size (two sources, two threads)
+    def busy(t: float, rss: int, ws: int) -> dict:
+        return {**tick(t, rss, None), "busy": 1, "container": {"memory_working_set_bytes": ws}}
+
+    samples = [busy(5.0 + 0.5 * i, (300 + 7 * i) * MIB, (200 + 7 * i) * MIB) for i in range(10)]
+    samples.append(busy(10.4, 380 * MIB, 340 * MIB))  # gap -40 MiB: skewed
+    flight = {**FLIGHT, "start_resident_bytes": 390 * MIB}
+    f = oom_figures(contents(samples, [flight]), LIMIT)
+    # THEN what the limit counted when the forward began is its resident size less the 100 MiB
+    # charged elsewhere (the gap of the ticks before it), not less the skewed tick's 40
+    assert f.static_bytes == 290 * MIB
