@@ -63,6 +63,7 @@ FIRST = (
     "tests/integration/test_live_baselines.py",         # ten fresh uvicorn services, about 80 s
     "tests/integration/test_postmortem_history.py",     # a crash loop of real processes, about 70 s
     "tests/integration/test_examples.py",
+    "tests/integration/test_demo.py",                   # one demo: its breakdown, families and stop
     "tests/integration/test_memory_breakdown.py",
     "tests/integration/test_compile.py",
     "tests/integration/test_postmortems_in_servers.py",  # uvicorn and gunicorn stopped and killed, about 50 s
