@@ -222,6 +222,17 @@ class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
         if self.reuse_port and hasattr(socket, "SO_REUSEPORT"):
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         super().server_bind()
+        # accept() must not wait: where processes serve one inherited socket (a preloading
+        # gunicorn master and its workers), each is woken for a connection only one of them gets,
+        # and a blocking accept() then held the others' serving thread until the next connection,
+        # and with it close(): a SIGTERM'd master hung at exit for as long (10 s and more, seen).
+        # A non-blocking one raises BlockingIOError, which serve_forever takes as "no request".
+        self.socket.setblocking(False)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = self.socket.accept()
+        conn.setblocking(True)  # the connection itself is read and written blocking, as before
+        return conn, addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Whatever escaped a connection's handler: counted and logged rate-limited (the standard

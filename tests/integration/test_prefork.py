@@ -249,21 +249,30 @@ def test_single_port_scrape_of_a_real_runtime_is_each_workers_exposition_labelle
 
 # ---------------------------------------------------------------- real pre-fork servers
 
+# how long a server has to stop after SIGTERM: gunicorn waits --graceful-timeout (3 s here) for its workers
+STOP_S = 10.0
+
+
 @contextmanager
 def running_server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 start_new_session=True)
+    hung = False
     try:
         yield proc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)  # a deploy's stop: every process of the server
             try:
-                proc.wait(15)
+                proc.wait(STOP_S)
             except subprocess.TimeoutExpired:
+                hung = True
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
+    # a server that outlives its SIGTERM would be SIGKILLed by the orchestrator: a failure of the
+    # test (a preloading master's endpoint thread once held its exit until the next connection)
+    assert not hung, f"the server did not stop within {STOP_S} s of SIGTERM\n{log.read_text()}"
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
