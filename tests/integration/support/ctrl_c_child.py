@@ -66,6 +66,11 @@ def _signal_state() -> dict[str, object]:
 
 def main() -> int:
     signals = int(sys.argv[1])
+    # Ctrl-C raises KeyboardInterrupt here, as in a program run in a terminal's foreground: started
+    # in the background of a non-interactive shell (the test command run as `cmd &` from a script),
+    # every process inherits SIGINT ignored, and Python leaves it so
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = nn.Sequential(*(Block(64) for _ in range(4)))
