@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import socket
 from pathlib import Path
 from types import ModuleType
 
@@ -50,6 +51,22 @@ def load_example() -> ModuleType:
     return module
 
 
+def check_ports_free(host: str, ports: list[tuple[int, str]]) -> None:
+    """Fail within a moment where a port the demo needs is taken, before the example's imports
+    (torch, transformers, the web stack: some 7 CPU s). A check only: the example binds its own
+    sockets later, and reports with the same words what it cannot bind then."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for port, what in ports:
+        if not 0 < port <= 65535:  # 0: any free port; past the range: the example's bind says so
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise CommandError(f"cannot listen on {host}:{port} for {what}: {e.strerror or e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     for name in ("port", "app_port"):
         if not 0 <= getattr(args, name) <= 65535:
@@ -60,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.workers <= 64:
         raise CommandError(f"--workers must be between 1 and 64, got {args.workers}", EXIT_USAGE)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    check_ports_free(args.host, [(args.app_port, "the app"),
+                                 *((args.port + i, "the memprof endpoint") for i in range(args.workers))])
     server = load_example()
     print(f"memprof-otel demo: loading MiniLM; endpoint on {args.host}:{args.port}, app on "
           f"{args.host}:{args.app_port} (Ctrl-C stops)", flush=True)

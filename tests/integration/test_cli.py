@@ -667,6 +667,7 @@ def test_demo_with_its_endpoint_port_taken_says_why_in_one_line(tmp_path) -> Non
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
+    port = taken.getsockname()[1]
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     app_port = free.getsockname()[1]
@@ -677,6 +678,9 @@ def test_demo_with_its_endpoint_port_taken_says_why_in_one_line(tmp_path) -> Non
                                "--app-port", str(app_port)], capture_output=True, text=True, timeout=120)
     finally:
         taken.close()
-    # THEN it fails, saying which port and the system's reason (not "None")
-    assert proc.returncode != 0
-    assert "Address already in use" in proc.stderr and "None" not in proc.stderr, proc.stderr
+    # THEN it fails, saying which port and the system's reason (not "None"), in one line
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (f"memprof-otel: error: cannot listen on 127.0.0.1:{port} for the memprof endpoint: "
+                                   "Address already in use"), proc.stderr
+    # AND before it loaded the example's model (the port is checked first)
+    assert "loading MiniLM" not in proc.stdout, proc.stdout
