@@ -59,14 +59,22 @@ def the_request(c: Contents) -> dict[str, Any] | None:
     return min(flights, key=lambda f: f.get("started_unix") if isinstance(f.get("started_unix"), (int, float)) else 0.0)
 
 
+def _at_or_before(samples: list[dict[str, Any]], started: Any) -> list[dict[str, Any]]:
+    """The ticks at or before ``started``, in order ([] when no start is known)."""
+    if not isinstance(started, (int, float)):
+        return []
+    return [s for s in samples if isinstance(s.get("t"), (int, float)) and s["t"] <= started]
+
+
+def _before_start(samples: list[dict[str, Any]], started: Any) -> list[dict[str, Any]]:
+    """The ticks at or before ``started``, else the oldest tick alone (none is, or no start is known)."""
+    return _at_or_before(samples, started) or samples[:1]
+
+
 def start_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any] | None:
     """The last tick at or before ``started`` (the oldest tick when none is, or no start is known)."""
-    if not samples:
-        return None
-    if not isinstance(started, (int, float)):
-        return samples[0]
-    before = [s for s in samples if isinstance(s.get("t"), (int, float)) and s["t"] <= started]
-    return before[-1] if before else samples[0]
+    before = _before_start(samples, started)
+    return before[-1] if before else None
 
 
 def between_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any] | None:
@@ -78,7 +86,7 @@ def between_sample(samples: list[dict[str, Any]], started: Any) -> dict[str, Any
         return first
     if not isinstance(started, (int, float)):
         return next((s for s in samples if s.get("busy") == 0), None)
-    idle = [s for s in samples if s.get("busy") == 0 and isinstance(s.get("t"), (int, float)) and s["t"] <= started]
+    idle = [s for s in _at_or_before(samples, started) if s.get("busy") == 0]
     return idle[-1] if idle else None
 
 
@@ -102,12 +110,7 @@ def charge_gap_before(samples: list[dict[str, Any]], started: Any) -> int | None
     and a working set some milliseconds apart: its gap is off by what was allocated between them
     (seen: 62 MiB, one tick in 30, in back-to-back requests, where no tick falls between forwards).
     What the gap measures (pages charged elsewhere) moves slowly, so the median drops such a tick."""
-    if isinstance(started, (int, float)):
-        before = [s for s in samples if isinstance(s.get("t"), (int, float)) and s["t"] <= started]
-    else:
-        before = []
-    before = before or samples[:1]  # as start_sample: the oldest tick when none is before the start
-    gaps = sorted(g for s in before[-GAP_TICKS:] if (g := charge_gap(s)) is not None)
+    gaps = sorted(g for s in _before_start(samples, started)[-GAP_TICKS:] if (g := charge_gap(s)) is not None)
     return gaps[len(gaps) // 2] if gaps else None
 
 
