@@ -383,10 +383,11 @@ class CapacityConfig:
                              "memory model; resets max_memory_allocated() unless cuda.reset_peak_stats is false")
     recent_window: float = _f(900.0, _duration(1.0, 7 * 86400.0), "the largest shape seen this recently "
                               "is the one the headroom gauge is computed for")
-    mmap_threshold: str | int = _f("off", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size so "
-                                   "a forward's resident memory follows its tensors (auto: 1MiB where a memory "
-                                   "limit is in force; off: keep glibc's dynamic threshold). Process-wide: it "
-                                   "costs page faults on every forward, so it is never set unless asked for")
+    mmap_threshold: str | int = _f("auto", _mmap_threshold, "CPU: fix glibc's mmap threshold at this size "
+                                   "(and its trim threshold at twice it) so a large forward's resident memory "
+                                   "follows its tensors (auto: 1/128 of the memory limit in force, 1-32MiB, "
+                                   "nothing without a limit; off: keep glibc's dynamic threshold). Process-wide: "
+                                   "every block over it costs page faults on every forward")
     learning_budget: float = _f(0.01, _float(0.0, 1.0), "share of forward time that attributing forwards of "
                                 "shapes the memory model has not measured may take, beyond "
                                 "attribution.overhead_budget (the first 16 of prompts and of decode steps are "

@@ -18,11 +18,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # tested with an explicit environment (tests/unit/telemetry/test_series_budget.py)
 os.environ.pop("KUBERNETES_SERVICE_HOST", None)
 
-# capacity.mmap_threshold defaults to "off" (glibc's own policy); a shell that set it otherwise (the
-# variable, e.g. "auto", fixes glibc's mmap threshold wherever a memory limit is in force) would
-# change the heap behind the suite's own figures. The suite keeps glibc's default everywhere; the
-# tests of the setting pass it explicitly, and the OOM cgroup test's child drops this to get the
-# shipped default.
+# capacity.mmap_threshold defaults to "auto": under a memory limit (a cgroup's, or
+# capacity.limit_bytes, which many tests set) glibc's mmap threshold is fixed at 1/128 of it, process-
+# wide and for good. Tests that set a limit would otherwise change the heap behind the figures of
+# every later test in the same worker. The suite keeps glibc's own policy everywhere; the tests of
+# the setting pass it explicitly, and the OOM cgroup tests' children drop this to get the shipped
+# default.
 os.environ.setdefault("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "off")
 
 # One intra-op thread per process: the suite runs on two pytest workers, most of its tests start

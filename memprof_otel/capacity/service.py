@@ -198,11 +198,16 @@ class Capacity:
         if self.kernel_unit == CUDA_RESERVED:
             return Answering(self.model, CUDA_RESERVED, 1.0, float(self.gap_bytes() or 0), None)
         if self.kernel_unit == PROCESS_RESIDENT and mmap_threshold.state().fixed:
-            # glibc's mmap threshold fixed (sources/mmap_threshold.py): every block over it is mapped
-            # fresh and unmapped at free, so a forward's resident rise is its tensors plus what the
-            # small blocks left in the heap add, a few MiB whatever the batch (measured: 472.9 MiB for
-            # 473.0 MiB of tensors at batch 43): the largest excess seen is added in bytes, and no
-            # credit is taken for heap pages, which blocks over the threshold never reuse
+            # glibc's mmap threshold fixed (sources/mmap_threshold.py; under a memory limit the
+            # defaults fix 1/128 of it): every block over it is mapped fresh and unmapped at free, so
+            # a large forward's resident rise is its tensors plus what its blocks under the threshold
+            # and the buffers its kernels allocate outside the tensors add, tens of MiB whatever the
+            # batch (measured at 1 MiB: 472.9 MiB for 473.0 MiB of tensors at batch 43; the largest
+            # excess in the cgroup tests: 13-18 MiB at 1 MiB, 21-43 MiB at 7-8 MiB): the largest excess
+            # seen is added in bytes, and no credit is taken for heap pages, which blocks over the
+            # threshold never reuse. Not only what came and went: what a forward left resident beyond
+            # its tensors is in the in-use figure later, but counting only the rest, a ViT's answer
+            # rose from 121 to 149 and the kernel killed 149 (a larger batch needs more of such pages)
             gap_bytes = self.gap_bytes()
             if gap_bytes is not None:
                 return Answering(self.model, PROCESS_RESIDENT, 1.0, float(gap_bytes), None)
