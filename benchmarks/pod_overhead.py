@@ -2,22 +2,23 @@
 
     python -m benchmarks.pod_overhead                  # 6 rounds, about 10 min on a quiet 2-core box
     python -m benchmarks.pod_overhead --rounds 3       # a smoke run (noisy)
-    python -m benchmarks.pod_overhead --with-threshold # also the opt-in capacity.mmap_threshold: auto
+    python -m benchmarks.pod_overhead --limit 1.5GiB   # a smaller pod (a larger share of it per block)
+    python -m benchmarks.pod_overhead --with-off       # also the defaults with capacity.mmap_threshold: off
 
-A pod's memory limit is a memory cgroup: this script makes one (8 GiB, below the machine's memory,
-so a limit is in force; root and a writable cgroup hierarchy, v1 or v2), and every child runs in it.
-What memprof-otel does to a process is process-wide (hooks, a sampler thread, and, where asked,
-glibc's malloc policy), so the sides cannot share a process: each round starts fresh children in a
-shuffled order: ``A`` and ``A'`` plain (the A/A control: the noise floor of separate processes), ``D``
-with ``memprof_otel.instrument(model)`` and nothing else (the shipped defaults), and with
-``--with-threshold`` ``T``, the defaults plus ``capacity.mmap_threshold: auto`` (glibc's threshold
-fixed at 1 MiB under the limit). Each child builds three models, warms each up, and times
-``--forwards`` forwards of each, one intra-op thread: GPT-2 small (from its config, random weights)
-prefill 1 x 128, the capacity test's BERT-shaped encoder (4 layers, 256 wide, eager attention: the
-scores are materialised) at 1 x 512, and a MiniLM-shaped BERT (6 layers, 384 wide, 12 heads, eager
-attention) at 8 x 128. The report is, per workload, the median over rounds of each side's median
-forward (wall clock, what a request waits) over ``A``'s, with the range over rounds, and the same on
-the forward thread's CPU clock.
+A pod's memory limit is a memory cgroup: this script makes one (``--limit``, 8 GiB unless told, below
+the machine's memory so that a limit is in force; root and a writable cgroup hierarchy, v1 or v2),
+and every child runs in it. What memprof-otel does to a process is process-wide (hooks, a sampler
+thread, and under a limit glibc's mmap threshold, fixed at 1/128 of it), so the sides cannot share a
+process: each round starts fresh children in a shuffled order: ``A`` and ``A'`` plain (the A/A
+control: the noise floor of separate processes), ``D`` with ``memprof_otel.instrument(model)`` and
+nothing else (the shipped defaults), and with ``--with-off`` ``O``, the defaults with
+``capacity.mmap_threshold: off`` (glibc's own malloc policy). Each child builds three models, warms
+each up, and times ``--forwards`` forwards of each, one intra-op thread: GPT-2 small (from its
+config, random weights) prefill 1 x 128, the capacity test's BERT-shaped encoder (4 layers, 256 wide,
+eager attention: the scores are materialised) at 1 x 512, and a MiniLM-shaped BERT (6 layers, 384
+wide, 12 heads, eager attention) at 8 x 128. The report is, per workload, the median over rounds of
+each side's median forward (wall clock, what a request waits) over ``A``'s, with the range over
+rounds, and the same on the forward thread's CPU clock.
 """
 from __future__ import annotations
 
@@ -34,14 +35,13 @@ from pathlib import Path
 from ._cgroup import Cgroup
 
 REPO = Path(__file__).resolve().parents[1]
-LIMIT = 8 << 30
-SIDES = {"A": "plain", "A'": "plain", "D": "defaults", "T": "threshold"}
+SIDES = {"A": "plain", "A'": "plain", "D": "defaults", "O": "off"}
 
 
 def child(kind: str, forwards: int) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.pop("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", None)  # the shipped default, whatever the shell set
-    sys.path.insert(0, str(REPO / "tests" / "integration"))
+    sys.path.insert(0, str(REPO / "tests" / "integration" / "support"))
     import torch
     torch.set_num_threads(1)
     from oom_cgroup_child import VOCAB, Encoder
@@ -54,7 +54,7 @@ def child(kind: str, forwards: int) -> None:
                                   intermediate_size=1536, attn_implementation="eager")).eval()
     if kind != "plain":
         import memprof_otel as mp
-        config = {"capacity": {"mmap_threshold": "auto"}} if kind == "threshold" else None
+        config = {"capacity": {"mmap_threshold": "off"}} if kind == "off" else None
         for name, m in (("gpt2", gpt2), ("encoder", enc), ("minilm", minilm)):
             mp.instrument(m, name=name, config=config)
     prompt = torch.randint(0, 50257, (1, 128))
@@ -99,15 +99,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--forwards", type=int, default=15, help="timed forwards per workload per child")
-    ap.add_argument("--with-threshold", action="store_true", help="also time capacity.mmap_threshold: auto")
-    ap.add_argument("--child", choices=("plain", "defaults", "threshold"))
+    ap.add_argument("--limit", default="8GiB", help="the pod's memory limit (8GiB unless told)")
+    ap.add_argument("--with-off", action="store_true", help="also time the defaults with capacity.mmap_threshold: off")
+    ap.add_argument("--child", choices=("plain", "defaults", "off"))
     args = ap.parse_args()
     if args.child:
         child(args.child, args.forwards)
         return
-    sides = ["A", "A'", "D"] + (["T"] if args.with_threshold else [])
+    sides = ["A", "A'", "D"] + (["O"] if args.with_off else [])
+    from memprof_otel.config import load_config  # the library's own size parser (8GiB, 1.5GiB, bytes)
+    limit = int(load_config({"capacity": {"limit_bytes": args.limit}}, environ={}).capacity.limit_bytes)
     rng = random.Random(0)
-    cg = Cgroup(LIMIT)
+    cg = Cgroup(limit)
     ratios: dict[str, dict[str, dict[str, list[float]]]] = {}
     base: dict[str, list[float]] = {}
     heaps: dict[str, object] = {}
@@ -132,9 +135,9 @@ def main() -> None:
         s = sorted(xs)
         return f"{statistics.median(s) - 1:+6.1%} [{s[0] - 1:+.1%}, {s[-1] - 1:+.1%}]"
 
-    print(f"{args.rounds} rounds, {args.forwards} forwards per workload per child, in a {LIMIT >> 30} GiB memory "
+    print(f"{args.rounds} rounds, {args.forwards} forwards per workload per child, in a {limit / (1 << 30):g} GiB memory "
           f"cgroup; median over rounds of each side's median forward / A's [range over rounds]")
-    names = {"A'": "A/A control", "D": "defaults", "T": "mmap_threshold auto"}
+    names = {"A'": "A/A control", "D": "defaults", "O": "mmap_threshold off"}
     for clock in ("wall", "cpu"):
         print(f"-- {clock} clock")
         for name, by_side in ratios.items():

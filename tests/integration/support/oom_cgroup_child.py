@@ -8,8 +8,8 @@ the largest batch called safe), ``1.25x`` that share of the latest safe batch (r
 which the parent expects the kernel to kill.
 
 The first argument is the configuration: ``defaults`` (``instrument(model)`` as shipped: the
-overhead budget, glibc's own malloc policy) or ``threshold`` (the opt-in ``capacity.mmap_threshold:
-auto``, every forward attributed). Each line on stdout is one JSON record, flushed, so the parent
+overhead budget; under the limit glibc's mmap threshold fixed at 1/128 of it) or ``off`` (the same
+with ``capacity.mmap_threshold: off``: glibc's own malloc policy). Each line on stdout is one JSON record, flushed, so the parent
 knows how far it got."""
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ import memprof_otel as mp
 WIDTH, HEADS, LAYERS, FFN, VOCAB = 256, 4, 4, 1024, 1000
 LONG = 512
 LEARN_S = 120.0  # the issue's bound: an answer within two minutes of mixed traffic
-CONFIGS = {"defaults": {},
-           "threshold": {"attribution": {"every_n_forwards": 1, "overhead_budget": 1.0},
-                         "capacity": {"mmap_threshold": "auto", "max_extrapolation": 16}}}
+CONFIGS = {"defaults": {}, "off": {"capacity": {"mmap_threshold": "off"}}}
 
 
 class Block(nn.Module):
