@@ -80,7 +80,8 @@ def child_reference(batches: list[int]) -> None:
 
 def _child(kind: str, batches: list[int]) -> dict[str, int]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+    from memprof_otel.sources.mmap_threshold import MALLOC_ENVIRONMENT
+    for name in MALLOC_ENVIRONMENT:
         env.pop(name, None)  # glibc's own policy, whatever the shell set
     proc = subprocess.run([sys.executable, "-m", "benchmarks.heap_history", "--child", kind,
                            *map(str, batches)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -81,7 +81,8 @@ def child(fixed: int | None) -> None:
 
 def run_child(fixed: int | None) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
-    for var in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"):
+    from memprof_otel.sources.mmap_threshold import MALLOC_ENVIRONMENT
+    for var in MALLOC_ENVIRONMENT:
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.mmap_threshold_cost", "--child", str(fixed or 0)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

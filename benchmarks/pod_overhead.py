@@ -84,7 +84,8 @@ def child(kind: str, forwards: int) -> None:
 def run_child(cg: Cgroup, kind: str, forwards: int) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
            "OMP_NUM_THREADS": "1"}
-    for var in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"):
+    from memprof_otel.sources.mmap_threshold import MALLOC_ENVIRONMENT
+    for var in MALLOC_ENVIRONMENT:  # what the defaults do, whatever the shell set
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-m", "benchmarks.pod_overhead", "--child", kind, "--forwards",
                            str(forwards)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,

@@ -49,6 +49,9 @@ LIMIT_SHARE = 128  # auto: the threshold is this share of the memory limit (scal
 PAGE = 4096
 ENV_VAR = "MALLOC_MMAP_THRESHOLD_"
 TUNABLE = "glibc.malloc.mmap_threshold"
+# the variables through which an environment sets glibc's malloc policy: a process started without
+# them runs under glibc's own policy (and under memprof-otel's where it applies one)
+MALLOC_ENVIRONMENT = (ENV_VAR, "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
 class ThresholdState(NamedTuple):
@@ -194,5 +197,5 @@ def reset_for_tests() -> None:
         _state = _NOT_YET
 
 
-__all__ = ["LIMIT_SHARE", "MAX_BYTES", "MIN_BYTES", "ThresholdState", "apply", "apply_configured", "decide",
+__all__ = ["LIMIT_SHARE", "MALLOC_ENVIRONMENT", "MAX_BYTES", "MIN_BYTES", "ThresholdState", "apply", "apply_configured", "decide",
            "from_environment", "limit_in_force", "scaled_to", "state"]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from memprof_otel.sources.mmap_threshold import MALLOC_ENVIRONMENT
 from tests.cgroup_truth import memory_dir, oom_kills, remove_dir
 
 MIB = 1 << 20
@@ -90,7 +91,7 @@ def run_at(limit: int, n: int, mode: str, *then: str) -> dict:
                                                                      os.environ.get("PYTHONPATH", "")) if p),
                "OMP_NUM_THREADS": "2"}
         # the shipped default, not the suite's pin, and no malloc setting of the shell's own
-        for var in ("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_"):
+        for var in ("MEMPROF_OTEL_CAPACITY_MMAP_THRESHOLD", *MALLOC_ENVIRONMENT):
             env.pop(var, None)
         proc = subprocess.run([sys.executable, str(CHILD), mode, *then], capture_output=True, text=True, env=env,
                               preexec_fn=cg.enter, timeout=600)

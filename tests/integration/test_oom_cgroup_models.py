@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from memprof_otel.sources.mmap_threshold import MALLOC_ENVIRONMENT
 from tests import cgroup_truth
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -42,7 +43,7 @@ def test_the_table_on_the_defaults_is_safe_under_the_kernel_for_generate_and_pix
         pytest.skip("no writable v1 memory cgroup here (root and /sys/fs/cgroup/memory are needed)")
     # the shipped defaults: no memprof-otel setting, and no malloc setting of the shell's own
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("MEMPROF_OTEL_") and k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_")}
+           if not k.startswith("MEMPROF_OTEL_") and k not in MALLOC_ENVIRONMENT}
     env.update(OTEL_SDK_DISABLED="true", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     try:
         before = cgroup_truth.v1_oom_kills(cg)
