@@ -43,6 +43,13 @@ def inactive_file_bytes(d: Path, version: int) -> int:
     return int(re.search(rf"^{key} (\d+)$", cat(d / "memory.stat"), re.M).group(1))
 
 
+def file_bytes(d: Path, version: int) -> int:
+    """The page cache on the file LRU lists: active plus inactive file pages."""
+    prefix = "total_" if version == 1 else ""
+    text = cat(d / "memory.stat")
+    return sum(int(re.search(rf"^{prefix}{k}_file (\d+)$", text, re.M).group(1)) for k in ("active", "inactive"))
+
+
 def oom_kills(d: Path, version: int) -> int | None:
     m = re.search(r"^oom_kill (\d+)$", cat(d / ("memory.oom_control" if version == 1 else "memory.events")), re.M)
     return int(m.group(1)) if m else None

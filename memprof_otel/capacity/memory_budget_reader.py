@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 import psutil
 
 from ..sources import in_flight_levels, process_hwm, registry
-from .memory_budget import MemoryBudget, cuda_budget, hami_limit, host_budget, tighter
+from .memory_budget import MemoryBudget, cgroup_in_use, cuda_budget, hami_limit, host_budget, tighter
 
 TTL_S = 0.25  # a request is tens of milliseconds or more; four reads a second cost nothing
 
@@ -138,13 +138,14 @@ class MemoryBudgetReader:
         if device != "cpu":
             return None, f"no memory limit is known for device {device!r}"
         cg = registry.cgroup()
-        limit = working_set = None
+        limit = in_use = None
         if cg is not None:
             limit = cg.memory_limit()
-            working_set = cg.stats().get("memory_working_set_bytes")
+            charge = cg.memory_charge() if limit is not None else None
+            in_use = cgroup_in_use(*charge) if charge is not None else None
         vm = psutil.virtual_memory()
         # a reading taken while a forward runs holds its transient, which the answer about the next
         # request would count twice: take off what the process gained since the forwards in flight began
         excess = in_flight_excess()
-        return host_budget(limit, int(working_set) - excess if working_set is not None else None, int(vm.total),
+        return host_budget(limit, in_use - excess if in_use is not None else None, int(vm.total),
                            int(vm.available) + excess, self.margin_ratio, self.margin_bytes), None

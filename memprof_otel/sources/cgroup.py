@@ -168,6 +168,14 @@ class CgroupSource:
         unlimited; re-read at most every ``LIMIT_TTL_S``."""
         return self._limits.get()[1]
 
+    def memory_charge(self) -> tuple[int, int] | None:
+        """(usage, file pages of it: ``cgroup_files.file_pages``) read now, two files; None when
+        either cannot be read. What the capacity budget counts as in use is built from these."""
+        usage_text, stat_text = read_text(self._usage_file), read_text(self._stat_file)
+        if usage_text is None or not usage_text.strip().isdigit() or stat_text is None:
+            return None
+        return int(usage_text), cf.file_pages(cf.parse_flat_keyed(stat_text), self.version)
+
     def stats(self) -> dict[str, float]:
         """``memory_usage_bytes``, ``memory_working_set_bytes``, ``oom_kills`` (when the kernel reports it), ``cpu_limit_cores`` (when a quota is
         set), ``memory_events_high`` / ``memory_events_max`` (counters: v2 memory.events; v1 only

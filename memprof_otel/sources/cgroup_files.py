@@ -187,3 +187,11 @@ def working_set(usage: int, stat: dict[str, int], version: int) -> int:
     ``total_inactive_file``, v2's ``inactive_file``), never below 0."""
     inactive = stat.get("total_inactive_file" if version == 1 else "inactive_file", 0)
     return max(0, usage - inactive)
+
+
+def file_pages(stat: dict[str, int], version: int) -> int:
+    """The page cache on the cgroup's file LRU lists: active plus inactive file pages (v1's
+    hierarchical ``total_*``). Shared memory and tmpfs files are not among them (they sit on the
+    anonymous lists: without swap the kernel cannot reclaim them)."""
+    prefix = "total_" if version == 1 else ""
+    return stat.get(f"{prefix}active_file", 0) + stat.get(f"{prefix}inactive_file", 0)

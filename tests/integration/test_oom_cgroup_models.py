@@ -8,14 +8,14 @@ times and runs each answer (a server's gate, its traffic at the batch called saf
 The references are the kernel's: the child's exit status (SIGKILL) at the batch it was running,
 and the cgroup's own ``oom_kill`` counter. Every batch called safe must survive, an answer must
 come within two minutes, a batch far past the limit must not be called fitting, and the kernel
-must kill by 1.5x the latest answer (the answer is safe and not timid). Under the limit the
-defaults fix glibc's mmap threshold at 1/128 of it (7 MiB here: ``capacity.mmap_threshold: auto``),
-so a large forward's blocks are mapped fresh and its resident rise follows its tensors; with
-glibc's own policy (``off``) the kill came at 2x-6x the answer. In the runs in docs/capacity.md
-the kill came at 1.25x-1.5x: the GPT-2's prompts carry the largest excess over their tensors seen
-(35-42 MiB, about five batches), and the in-use figure both count is the cgroup's working set,
-which holds file pages (up to 100 MiB more in a fresh clone, whose first children write their
-bytecode) that the kernel reclaims before it kills."""
+must kill by 1.25x the latest answer for the ViT, 1.5x for the GPT-2 (the answer is safe and not
+timid). Under the limit the defaults fix glibc's mmap threshold at 1/128 of it (7 MiB here:
+``capacity.mmap_threshold: auto``), so a large forward's blocks are mapped fresh and its resident
+rise follows its tensors; with glibc's own policy (``off``) the kill came at 2x-6x the answer. The
+budget's in-use figure leaves out the page cache the kernel reclaims before it kills
+(``memory_budget.cgroup_in_use``). The GPT-2's prompts carry the largest excess over their tensors
+seen (35-42 MiB, about five batches: one prompt shape's first run, whose heap pages later prompts
+reused), so its kill came at 1.25x-1.5x in the runs in docs/capacity.md."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,9 @@ from tests import cgroup_truth
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 CHILD = (Path(__file__).parent / "support" / "oom_cgroup_models_child.py")
 LIMIT = 900 << 20
-BOUND = 1.5  # the kill by this many times the latest answer
+# the kill by this many times the latest answer: the GPT-2's answers carry the excess of one prompt
+# shape's first run over its tensors (pages its heap kept and later prompts reused), about five batches
+BOUND = {"gpt2": 1.5, "vit": 1.25}
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "vit"])
@@ -74,5 +76,5 @@ def test_the_table_on_the_defaults_is_safe_under_the_kernel_for_generate_and_pix
     # traffic, as a gate asks); the kernel's OOM killer ended the child by BOUND x the latest
     assert all(answers) and [r["batch"] for r in records if r.get("called_safe")] == answers, (records, ended)
     assert proc.returncode == -signal.SIGKILL and kills >= 1, (records, ended)
-    assert safe < tried[-1] <= BOUND * safe and tried[-1] not in ran, records
+    assert safe < tried[-1] <= BOUND[kind] * safe and tried[-1] not in ran, records
     print(f"{kind}: safe {answers}, killed at {tried[-1]} ({tried[-1] / safe:.2f}x), answer after {asked['learnt_s']} s")

@@ -2,7 +2,8 @@
 when the reader reads them again."""
 from __future__ import annotations
 
-from memprof_otel.capacity.memory_budget import MemoryBudget, cuda_budget, host_budget, tighter
+from memprof_otel.capacity.memory_budget import (FILE_ROOM_BYTES, MemoryBudget, cgroup_in_use, cuda_budget,
+                                                 host_budget, tighter)
 from memprof_otel.capacity.memory_budget_reader import MemoryBudgetReader
 
 GiB = 1 << 30
@@ -30,6 +31,16 @@ def test_host_prefers_a_cgroup_limit_below_physical_memory():
     assert (b.limit, b.in_use_bytes, b.available_bytes) == ("physical", 24 * GiB, 40 * GiB)
     b = host_budget(128 * GiB, 3 * GiB, 64 * GiB, 40 * GiB, 0.0, 0)  # a cgroup limit above the machine
     assert b.limit == "physical" and b.notes
+
+
+def test_a_cgroups_page_cache_counts_only_up_to_the_room_code_needs():
+    MiB = 1 << 20
+    # 900 MiB charged, 300 of it page cache: the kernel reclaims all but the code's room first
+    assert cgroup_in_use(900 * MiB, 300 * MiB) == 600 * MiB + FILE_ROOM_BYTES
+    # little page cache: all of it counted
+    assert cgroup_in_use(900 * MiB, FILE_ROOM_BYTES // 2) == 900 * MiB
+    assert cgroup_in_use(900 * MiB, 0) == 900 * MiB
+    assert cgroup_in_use(10 * MiB, 20 * MiB) == 10 * MiB  # read a moment apart: never more than usage
 
 
 def test_a_configured_limit_applies_only_when_it_is_tighter():

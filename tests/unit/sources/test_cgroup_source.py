@@ -72,6 +72,30 @@ def test_fixture_sets_give_the_files_figures(tmp_path: Path, name: str, expected
                                Path(proc, "self/mountinfo").read_text()) == limit
 
 
+@pytest.mark.parametrize("name, usage, files", [
+    ("v1-docker-mount-root", 461111296, 113246208 + 37748736),
+    ("v2-cgroupns", 1610612736, 268435456 + 124358656),
+    ("v2-nested-systemd", 512 * MiB, 100663296 + 25165824),
+])
+def test_the_memory_charge_is_the_usage_and_its_file_pages(tmp_path: Path, name: str, usage: int,
+                                                            files: int) -> None:
+    # the files' own numbers (active_file + inactive_file), added by hand
+    proc, sys = tree(tmp_path, name)
+    assert CgroupSource(proc, sys).memory_charge() == (usage, files)
+
+
+def test_the_memory_charge_is_none_without_a_stat_file(tmp_path: Path) -> None:
+    proc, sys = tree(tmp_path, "v2-cgroupns")
+    (Path(sys) / "fs/cgroup/memory.stat").unlink()
+    assert CgroupSource(proc, sys).memory_charge() is None
+
+
+def test_file_pages_take_v1s_hierarchical_totals() -> None:
+    assert cf.file_pages({"active_file": 5, "inactive_file": 7}, 2) == 12
+    assert cf.file_pages({"total_active_file": 50, "total_inactive_file": 70, "active_file": 5}, 1) == 120
+    assert cf.file_pages({"shmem": 9}, 2) == 0
+
+
 def test_the_hybrid_host_reads_the_v1_memory_hierarchy_not_the_empty_v2_one(tmp_path: Path) -> None:
     proc, sys = tree(tmp_path, "v1-hybrid-host")
     dirs = find_dirs(proc, sys)
@@ -232,6 +256,9 @@ def test_real_cgroup_matches_cat_of_its_files() -> None:
     assert ours["memory_working_set_bytes"] <= ours["memory_usage_bytes"]
     assert ours.get("oom_kills") == truth.oom_kills(d, version)
     assert ours.get("cpu_limit_cores") == truth.cpu_quota_cores()
+    charge = CgroupSource().memory_charge()
+    assert charge is not None and charge[0] == pytest.approx(usage, abs=32 * MiB)
+    assert charge[1] == pytest.approx(truth.file_bytes(d, version), abs=32 * MiB)
 
 
 def test_real_cgroup_events_and_pressure_match_cat_of_their_files() -> None:
