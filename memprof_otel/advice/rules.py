@@ -314,8 +314,8 @@ def _held(c: CapacityFacts) -> str:
             text += (f", and other processes and CUDA contexts {format_bytes(c.held_elsewhere_bytes)} "
                      "(move them to another device)")
         return text
-    return {"cgroup": f"the container's working set is {format_bytes(c.in_use_bytes)} (every process of the "
-                      "cgroup and its page cache count)",
+    return {"cgroup": f"the container holds {format_bytes(c.in_use_bytes)} the kernel will not reclaim (every "
+                      "process of the cgroup counts; its page cache only as far as code needs it)",
             "physical": f"{format_bytes(c.in_use_bytes)} of the machine's memory is in use (every process on "
                         "it counts)",
             "configured": f"the process's resident memory is {format_bytes(c.in_use_bytes)} (models, caches, "

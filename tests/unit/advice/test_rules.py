@@ -289,7 +289,7 @@ def test_critical_near_limit_with_room_for_smaller_requests_names_those_that_fit
     assert a.figures["max_safe_batch_seq_len_512"] == Figure(0, "batch")  # the table's own figure stays
 
 
-@pytest.mark.parametrize("limit, where", [("cgroup", "container's working set"), ("physical", "machine's memory"),
+@pytest.mark.parametrize("limit, where", [("cgroup", "the kernel will not reclaim"), ("physical", "machine's memory"),
                                           ("configured", "process's resident memory")])
 def test_critical_near_limit_on_cpu_names_what_counts_against_its_limit(limit: str, where: str):
     c = CapacityFacts("m", "cpu", limit, 700 * MIB, 750 * MIB, 100 * MIB, -200 * MIB, {16: 0},
