@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,45 +26,10 @@ from typing import Iterator, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.support.ports import free_port_block, free_ports  # noqa: F401 - the tests import them from here
+
 REPO = Path(__file__).resolve().parents[3]
 READY_TIMEOUT_S = 150.0
-
-
-def free_port_block(n: int, tries: int = 50) -> int:
-    """A port P such that P .. P+n-1 were all free a moment ago (the multi-worker demo serves
-    worker i's endpoint on P+i, so P+1 must not be some other server's port)."""
-    for _ in range(tries):
-        socks = []
-        try:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            base = s.getsockname()[1]
-            for i in range(1, n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no block of {n} free ports found in {tries} tries")
-
-
-def free_ports(n: int = 1) -> list[int]:
-    """``n`` distinct ports that were free a moment ago (all bound at once, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

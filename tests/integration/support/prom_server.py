@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,18 +22,13 @@ from typing import Any
 import pytest
 
 from tests.integration.support.binaries import required_binary
+from tests.integration.support.ports import free_port
 
 INSTALL_HINT = "install it with `apt-get install -y prometheus` (CI does; the test never skips)"
 
 
 def prometheus_binary() -> str:
     return required_binary("prometheus", INSTALL_HINT)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get_json(url: str, timeout: float = 10.0) -> Any:
