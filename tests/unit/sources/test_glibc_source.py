@@ -83,16 +83,21 @@ def test_real_source_is_a_memory_source_named_cpu() -> None:
     assert src.reading().reserved >= src.reading().allocated > 0
 
 
+def _wait_out_back_off(src: HostAllocatorSource) -> None:
+    """Sleep past the source's interval between real reads. With ratio 1 that interval is still the
+    read's own cost: in a worker whose heap many tests grew, mallinfo2 walks its free chunks for
+    milliseconds, so a fixed 2 ms wait let the next refresh() be skipped."""
+    time.sleep(0.002 + src.min_interval_s)
+
+
 @real_glibc
 def test_real_mallinfo2_sees_a_50mib_allocation_and_its_free() -> None:
     # Back-off relaxed so that refresh() really reads once the (tiny) interval has passed.
-    # The interval is still the read's own cost (ratio 1): in a worker whose heap many tests grew,
-    # mallinfo2 walks its free chunks for milliseconds, so each wait is that cost, not a fixed 2 ms
     src = HostAllocatorSource(min_interval_s=0.0, max_overhead_ratio=1.0)
-    time.sleep(0.002 + src.min_interval_s)
+    _wait_out_back_off(src)
     before = src.refresh()["allocated_bytes"]
     buf = bytearray(50 * MiB)
-    time.sleep(0.002 + src.min_interval_s)
+    _wait_out_back_off(src)
     reads = src.reads
     held = src.refresh()["allocated_bytes"]
     assert src.reads == reads + 1
@@ -102,7 +107,7 @@ def test_real_mallinfo2_sees_a_50mib_allocation_and_its_free() -> None:
     assert src.reading().allocated == held
     del buf
     gc.collect()
-    time.sleep(0.002 + src.min_interval_s)
+    _wait_out_back_off(src)
     after = src.refresh()["allocated_bytes"]
     assert after <= held - 45 * MiB
     assert src.stats()["allocated_peak_bytes"] >= held
