@@ -31,9 +31,18 @@ FAST = {"sampler": {"interval": "20ms"}}
 
 
 def wait_ticks(n: int) -> None:
+    """Wait for ``n`` sampler ticks that read the process: on a busy machine a 20 ms tick can miss
+    its deadline and carry no process figures (seen: three such ticks, and an operation's 64 MiB
+    transient unseen), which the tests below would take for a peak that was not there."""
     s = runtime().sampler
     start = s.ticks
-    assert wait_for(lambda: s.ticks >= start + n), "the sampler is not ticking"
+    mark = s.latest()
+    since = mark.t if mark is not None else 0.0
+
+    def read() -> int:
+        return sum(1 for x in s.samples(since) if x is not mark and x.rss > 0)
+
+    assert wait_for(lambda: s.ticks >= start + n and read() >= n), "the sampler is not reading the process"
 
 
 @pytest.fixture

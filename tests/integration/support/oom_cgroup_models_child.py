@@ -3,8 +3,8 @@ defaults (``instrument(model)``): a GPT-2 (4 layers, 256 wide) served only throu
 (prompts of batch 1-16 x 32-256 tokens, 4 new tokens each) or a ViT (4 layers, 256 wide, eager
 attention, 224 px) on batches of 1-32 images. Traffic in random order, a pass at a time, until the
 max-safe-batch table answers (at the longest prompt for GPT-2; at most 120 s); then that batch,
-asked again three times (each answer run, as a server's gate would), then 1.25x, 1.5x, 2x, 4x and
-8x the latest answer until the kernel kills it. (The largest batch of the traffic is an eighth of
+asked again three times (each answer run, as a server's gate would), then 1.25x, 1.3x, 1.5x, 2x, 4x
+and 8x the latest answer until the kernel kills it. (The largest batch of the traffic is an eighth of
 the answer or more: the table answers up to ``capacity.max_extrapolation``, 8x, the shapes seen.) One JSON record per line on stdout, flushed,
 so the parent knows how far it got."""
 import json, random, sys, time
@@ -74,7 +74,7 @@ def main():
             if not safe:
                 return
             run(safe, LONG); say(phase="ran", batch=safe, called_safe=True)
-        for f in (1.25, 1.5, 2.0, 4.0, 8.0):
+        for f in (1.25, 1.3, 1.5, 2.0, 4.0, 8.0):
             b = int(safe * f); say(phase="trying", batch=b); run(b, LONG); say(phase="ran", batch=b)
 
 if __name__ == "__main__":
