@@ -15,7 +15,7 @@ rise follows its tensors; with glibc's own policy (``off``) the kill came at 2x-
 budget's in-use figure leaves out the page cache the kernel reclaims before it kills
 (``memory_budget.cgroup_in_use``). The GPT-2's answers carry the largest excess over their tensors
 seen (17-36 MiB: one prompt shape's first run) and the error of an answer nearly four times past
-the batches seen, on top of the margin: at its answers of 59-66 prompts that is 1.24x-1.28x short
+the batches seen, on top of the margin: at its answers of 59-66 prompts that is 1.24x-1.29x short
 of the kill in the runs in docs/capacity.md."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ CHILD = (Path(__file__).parent / "support" / "oom_cgroup_models_child.py")
 LIMIT = 900 << 20
 # the kill by this many times the latest answer: the GPT-2's answers carry the excess of one prompt
 # shape's first run over its tensors and the error of an answer far past the batches seen, some five
-# prompts more than the ViT's (docs/capacity.md: its kill came at 1.24x-1.28x)
+# prompts more than the ViT's (docs/capacity.md: its kill came at 1.24x-1.29x)
 BOUND = {"gpt2": 1.3, "vit": 1.25}
 
 
